@@ -1,0 +1,1 @@
+"""The RMD operator (kopf): RmdWorkload and pod reconciliation through the node agents."""

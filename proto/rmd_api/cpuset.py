@@ -1,0 +1,48 @@
+"""Linux cpu-list syntax ("0-3,8,10-11"), as sysfs, resctrl's cpus_list and the kubelet use it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class CpuListError(ValueError):
+    """A cpu-list string that does not follow the `N` / `A-B` comma syntax."""
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """Parse "0-3,8" into {0, 1, 2, 3, 8}. Empty (or whitespace/newline only) gives the empty set."""
+    text = text.strip()
+    cpus: set[int] = set()
+    if not text:
+        return frozenset()
+    for item in text.split(","):
+        first, sep, last = item.partition("-")
+        try:
+            lo = int(first)
+            hi = int(last) if sep else lo
+        except ValueError:
+            raise CpuListError(f"invalid cpu list {text!r}: {item!r} is not N or A-B") from None
+        if lo < 0 or hi < lo:
+            raise CpuListError(f"invalid cpu list {text!r}: range {item!r} is empty or negative")
+        cpus.update(range(lo, hi + 1))
+    return frozenset(cpus)
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """Format {0, 1, 2, 3, 8, 10, 11} as "0-3,8,10-11" (sorted, runs collapsed), like the kernel."""
+    ordered = sorted(set(cpus))
+    runs: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        runs.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(runs)
+
+
+def parse_cpu_mask(text: str) -> frozenset[int]:
+    """Parse a sysfs hex cpumask ("ff,00000001", comma-separated 32-bit words) into cpu numbers."""
+    value = int(text.strip().replace(",", "") or "0", 16)
+    return frozenset(i for i in range(value.bit_length()) if value >> i & 1)
