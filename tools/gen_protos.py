@@ -27,8 +27,15 @@ def generate(out: Path) -> None:
     include = str(resources.files("grpc_tools") / "_proto")
     for proto in sorted(PROTO_ROOT.rglob("*.proto")):
         rel = proto.relative_to(PROTO_ROOT)
-        args = ["protoc", f"-I{PROTO_ROOT}", f"-I{include}", f"--python_out={out}", f"--pyi_out={out}",
-                f"--grpc_python_out={out}", str(rel)]
+        args = [
+            "protoc",
+            f"-I{PROTO_ROOT}",
+            f"-I{include}",
+            f"--python_out={out}",
+            f"--pyi_out={out}",
+            f"--grpc_python_out={out}",
+            str(rel),
+        ]
         if protoc.main(args) != 0:
             raise SystemExit(f"protoc failed on {rel}")
 
@@ -44,7 +51,9 @@ def ensure_packages(rel: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="only report drift")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,13 +61,21 @@ def main() -> int:
         generate(out)
         fresh = generated_files(out)
         committed = generated_files(PROTO_ROOT)
-        drift = sorted(str(p) for p in fresh | committed
-                       if not (out / p).exists() or not (PROTO_ROOT / p).exists()
-                       or not filecmp.cmp(out / p, PROTO_ROOT / p, shallow=False))
+        drift = sorted(
+            str(p)
+            for p in fresh | committed
+            if not (out / p).exists()
+            or not (PROTO_ROOT / p).exists()
+            or not filecmp.cmp(out / p, PROTO_ROOT / p, shallow=False)
+        )
         if args.check:
             if drift:
-                print("generated protobuf stubs are out of date (run python tools/gen_protos.py):",
-                      *drift, sep="\n  ", file=sys.stderr)
+                print(
+                    "generated protobuf stubs are out of date (run python tools/gen_protos.py):",
+                    *drift,
+                    sep="\n  ",
+                    file=sys.stderr,
+                )
                 return 1
             print(f"protobuf stubs up to date ({len(fresh)} files)")
             return 0

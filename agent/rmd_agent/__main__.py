@@ -1,0 +1,5 @@
+import sys
+
+from rmd_agent.cli import main
+
+sys.exit(main())

@@ -1,0 +1,175 @@
+"""What this node supports, and for each thing it does not, why. Used by `rmd-agent probe`, and by the
+agent to report its capabilities in RmdNodeState so the operator targets only capable nodes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from rmd_agent.errors import AgentError
+from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.kubelet.config import read_kubelet_config
+from rmd_agent.kubelet.podresources import PodResourcesClient
+from rmd_agent.observe.caches import read_l3_caches
+from rmd_agent.observe.cgroups import read_cgroups
+from rmd_agent.observe.cpufreq import read_cpufreq
+from rmd_agent.observe.numa import read_numa_nodes
+from rmd_agent.observe.rapl import read_rapl_zones
+from rmd_agent.observe.resctrl import read_resctrl
+from rmd_agent.settings import AgentSettings
+
+
+@dataclass(frozen=True)
+class Finding:
+    feature: str
+    supported: bool
+    detail: str  # what was found, or the reason it is unsupported
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    node_name: str
+    host_root: str
+    findings: tuple[Finding, ...]
+
+    def as_dict(self) -> dict[str, object]:
+        """The --json document (documented in docs/probe.md) and RmdNodeState's status.capabilities."""
+        return {
+            "nodeName": self.node_name,
+            "hostRoot": self.host_root,
+            "features": {f.feature: {"supported": f.supported, "detail": f.detail} for f in self.findings},
+        }
+
+
+def _found(feature: str, detail: str) -> Finding:
+    return Finding(feature, True, detail)
+
+
+def _missing(feature: str, why: Unsupported | str) -> Finding:
+    return Finding(feature, False, why.reason if isinstance(why, Unsupported) else why)
+
+
+def _probe_rdt(fs: HostFS) -> list[Finding]:
+    state = read_resctrl(fs)
+    if isinstance(state, Unsupported):
+        return [_missing(name, state) for name in ("resctrlMounted", "rdtL3Cat", "mba")]
+    findings = [
+        _found(
+            "resctrlMounted",
+            "/sys/fs/resctrl"
+            + (f" ({','.join(sorted(state.mount_options))})" if state.mount_options else ""),
+        )
+    ]
+    if isinstance(state.l3, Unsupported):
+        findings.append(_missing("rdtL3Cat", state.l3))
+    else:
+        domains = sorted(state.root.schemata.get("L3DATA" if state.l3.cdp else "L3", {}))
+        findings.append(
+            _found(
+                "rdtL3Cat",
+                f"{state.l3.ways} ways (cbm_mask {state.l3.cbm_mask:x}, min_cbm_bits "
+                f"{state.l3.min_cbm_bits}), {state.num_closids} CLOSIDs, cache ids "
+                f"{','.join(map(str, domains))}" + (", CDP on" if state.l3.cdp else ""),
+            )
+        )
+    if isinstance(state.mba, Unsupported):
+        findings.append(_missing("mba", state.mba))
+    else:
+        unit = (
+            "MBps (software controller)"
+            if state.mba.mbps
+            else (f"percent, min {state.mba.min_bandwidth}, step {state.mba.bandwidth_gran}")
+        )
+        findings.append(_found("mba", unit))
+    return findings
+
+
+def _probe_hardware(fs: HostFS) -> list[Finding]:
+    findings = []
+    numa = read_numa_nodes(fs)
+    findings.append(
+        _missing("numa", numa)
+        if isinstance(numa, Unsupported)
+        else _found("numa", f"{len(numa)} NUMA node(s), {sum(len(n.cpus) for n in numa)} CPUs")
+    )
+    caches = read_l3_caches(fs)
+    findings.append(
+        _missing("l3Cache", caches)
+        if isinstance(caches, Unsupported)
+        else _found("l3Cache", f"{len(caches)} L3 cache(s) of {caches[0].ways} ways")
+    )
+    zones = read_rapl_zones(fs)
+    findings.append(
+        _missing("rapl", zones)
+        if isinstance(zones, Unsupported)
+        else _found("rapl", f"{len(zones)} zones: " + ", ".join(z.name for z in zones))
+    )
+    freq = read_cpufreq(fs)
+    if isinstance(freq, Unsupported):
+        findings.append(_missing("cpufreq", freq))
+    else:
+        low, high = min(f.cpuinfo_min_khz for f in freq), max(f.cpuinfo_max_khz for f in freq)
+        findings.append(_found("cpufreq", f"{freq[0].driver}, {low // 1000}-{high // 1000} MHz"))
+    cgroups = read_cgroups(fs)
+    if isinstance(cgroups, Unsupported):
+        findings.append(_missing("cgroup", cgroups))
+    else:
+        driver = cgroups.driver if isinstance(cgroups.driver, str) else str(cgroups.driver)
+        findings.append(_found("cgroup", f"v{cgroups.version}, driver {driver}"))
+    return findings
+
+
+def _probe_kubelet_config(fs: HostFS, settings: AgentSettings) -> list[Finding]:
+    config = read_kubelet_config(fs, settings.kubelet_config)
+    if isinstance(config, Unsupported):
+        return [_missing("cpuManagerPolicy", config), _missing("topologyManagerPolicy", config)]
+    cpu = (
+        _found("cpuManagerPolicy", "static")
+        if config.cpu_manager_policy == "static"
+        else _missing(
+            "cpuManagerPolicy",
+            f"cpuManagerPolicy is {config.cpu_manager_policy!r}: pods get no exclusive "
+            "CPUs, so cache can only be allocated to explicit core lists",
+        )
+    )
+    topo = _found(
+        "topologyManagerPolicy", f"{config.topology_manager_policy} (scope {config.topology_manager_scope})"
+    )
+    return [cpu, topo]
+
+
+async def _probe_pod_resources(settings: AgentSettings) -> Finding:
+    socket = settings.host_path(settings.pod_resources_socket)
+    if not socket.exists():
+        return _missing(
+            "podResources",
+            f"{socket} does not exist (no kubelet on this node, or its pod-resources "
+            "directory is not mounted)",
+        )
+    try:
+        async with PodResourcesClient(socket, timeout=settings.kubelet_timeout_seconds) as client:
+            pods = await client.list()
+    except AgentError as exc:
+        return _missing("podResources", str(exc))
+    return _found("podResources", f"{socket}: {len(pods)} pod(s) listed")
+
+
+def probe(settings: AgentSettings) -> ProbeReport:
+    fs = HostFS(settings.host_root)
+    findings = [
+        *_probe_rdt(fs),
+        *_probe_hardware(fs),
+        *_probe_kubelet_config(fs, settings),
+        asyncio.run(_probe_pod_resources(settings)),
+    ]
+    return ProbeReport(settings.node_name, str(Path(settings.host_root)), tuple(findings))
+
+
+def format_table(report: ProbeReport) -> str:
+    width = max(len(f.feature) for f in report.findings)
+    lines = [f"node {report.node_name or '(unnamed)'}, host root {report.host_root}"]
+    lines += [
+        f"  {f.feature:<{width}}  {'yes' if f.supported else 'NO '}  {f.detail}" for f in report.findings
+    ]
+    return "\n".join(lines)
