@@ -40,11 +40,14 @@ start=$(date +%s)
 step() { echo "[build-binaries $(( $(date +%s) - start ))s] $*" >&2; }
 
 # `go build -v` names each package as it is compiled; print a running count instead of thousands of lines.
+# Those lines are bare import paths (which may well contain "error", e.g. .../errors); everything the
+# compiler or the go command reports has a space or a colon ("# pkg", "file.go:1:2: ...", "go: ...").
 progress() {
   local what=$1 n=0
   while IFS= read -r line; do
     case "$line" in
-      *"error"*|*": "*) echo "$line" >&2 ;;
+      "") ;;
+      *[[:space:]:]*) echo "$line" >&2 ;;
       *) n=$((n + 1)); if (( n % 100 == 0 )); then step "$what: $n packages compiled"; fi ;;
     esac
   done
