@@ -1,0 +1,203 @@
+"""Asyncio client for the kubelet PodResources v1 API (`<kubelet root>/pod-resources/kubelet.sock`).
+
+Callers get small frozen dataclasses, never protobuf messages. What the kubelet reports (reference notes
+numa-topology-podresources.md §1.4): `list()` covers active pods only, and a container's `cpu_ids` are only
+its *exclusive* CPUs (empty for shared-pool containers); `get_allocatable()` CPUs are the online CPUs minus
+the reserved set, not reduced by allocations; memory blocks appear only with the memory manager's Static
+policy.
+
+Errors: every call has a deadline. An unreachable socket or a missed deadline raises KubeletUnavailable;
+any other failed call raises PodResourcesCallFailed (also a KubeletUnavailable, carrying the gRPC status).
+`get()` returns None for a pod the kubelet does not know, instead of raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+import grpc.aio
+
+from rmd_agent.errors import KubeletUnavailable
+from rmd_api.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
+
+# The kubelet's own podresources client allows 16 MiB answers (defaultPodResourcesMaxSize); big nodes need it.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+_STUB_CLASS: Any = api_pb2_grpc.PodResourcesListerStub  # generated without annotations
+
+# Codes meaning "nobody answered in time", as opposed to "the kubelet answered with an error".
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+class PodResourcesCallFailed(KubeletUnavailable):
+    """The kubelet answered a PodResources call with an error status (rate limit, method disabled, ...)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class DeviceAssignment:
+    """Device-plugin devices of one resource. The kubelet sends one entry per (device, NUMA node) pair."""
+
+    resource: str
+    ids: tuple[str, ...]
+    numa_nodes: frozenset[int]  # empty when the device plugin reports no topology
+
+
+@dataclass(frozen=True)
+class MemoryBlock:
+    """Memory-manager block: `memory_type` is "memory", "hugepages-2Mi" or "hugepages-1Gi"; size in bytes."""
+
+    memory_type: str
+    size: int
+    numa_nodes: frozenset[int]
+
+
+@dataclass(frozen=True)
+class ContainerResources:
+    name: str
+    cpu_ids: frozenset[int]  # exclusive CPUs only
+    devices: tuple[DeviceAssignment, ...] = ()
+    memory: tuple[MemoryBlock, ...] = ()
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """One pod. The pod-level `cpu_ids`/`memory` are filled only with the PodLevelResourceManagers gate."""
+
+    namespace: str
+    name: str
+    containers: tuple[ContainerResources, ...]
+    cpu_ids: frozenset[int] = frozenset()
+    memory: tuple[MemoryBlock, ...] = ()
+
+
+@dataclass(frozen=True)
+class AllocatableResources:
+    cpu_ids: frozenset[int]
+    devices: tuple[DeviceAssignment, ...] = ()
+    memory: tuple[MemoryBlock, ...] = ()
+
+
+class PodResourcesClient:
+    """`async with PodResourcesClient(path) as client: pods = await client.list()`.
+
+    `timeout` is the deadline of each call in seconds. Calls do not wait for the socket to appear, so a
+    missing kubelet fails fast instead of using up the deadline.
+    """
+
+    def __init__(self, socket_path: Path, timeout: float = 5.0) -> None:
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None  # the generated stub is untyped
+
+    async def __aenter__(self) -> Self:
+        self._channel = grpc.aio.insecure_channel(
+            f"unix://{self.socket_path.absolute()}",
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+        )
+        self._stub = _STUB_CLASS(self._channel)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close(grace=None)
+        self._channel = None
+        self._stub = None
+
+    async def list(self) -> list[PodResources]:
+        """Exclusive resources of every active pod on the node."""
+        response = await self._call("List", api_pb2.ListPodResourcesRequest())
+        return [_pod(p) for p in response.pod_resources]
+
+    async def get_allocatable(self) -> AllocatableResources:
+        """What the kubelet may hand out: CPUs minus the reserved set, healthy devices, allocatable memory."""
+        response = await self._call("GetAllocatableResources", api_pb2.AllocatableResourcesRequest())
+        return AllocatableResources(
+            cpu_ids=frozenset(response.cpu_ids),
+            devices=_devices(response.devices),
+            memory=_memory(response.memory),
+        )
+
+    async def get(self, namespace: str, name: str) -> PodResources | None:
+        """One pod's resources, or None if the kubelet has no such pod.
+
+        The kubelet reports a missing pod as a plain error "pod <name> in namespace <ns> not found" (status
+        UNKNOWN over the wire), so that message is recognised as well as the NOT_FOUND status.
+        """
+        request = api_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace)
+        try:
+            response = await self._call("Get", request)
+        except PodResourcesCallFailed as exc:
+            if exc.code == grpc.StatusCode.NOT_FOUND or (
+                exc.code == grpc.StatusCode.UNKNOWN and _not_found_message(namespace, name) in str(exc)
+            ):
+                return None
+            raise
+        return _pod(response.pod_resources)
+
+    async def _call(self, method: str, request: Any) -> Any:
+        if self._stub is None:
+            raise RuntimeError("PodResourcesClient used outside `async with`")
+        try:
+            return await getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            where = f"kubelet PodResources {method} on {self.socket_path}"
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise KubeletUnavailable(f"{where}: no answer within {self.timeout:g}s") from exc
+            if code in _UNREACHABLE:
+                raise KubeletUnavailable(f"{where}: unreachable ({exc.details()})") from exc
+            raise PodResourcesCallFailed(f"{where}: {code.name}: {exc.details()}", code) from exc
+
+
+def _not_found_message(namespace: str, name: str) -> str:
+    return f"pod {name} in namespace {namespace} not found"
+
+
+def _numa(topology: api_pb2.TopologyInfo) -> frozenset[int]:
+    return frozenset(node.ID for node in topology.nodes)
+
+
+def _devices(entries: Iterable[api_pb2.ContainerDevices]) -> tuple[DeviceAssignment, ...]:
+    return tuple(
+        DeviceAssignment(resource=d.resource_name, ids=tuple(d.device_ids), numa_nodes=_numa(d.topology))
+        for d in entries
+    )
+
+
+def _memory(entries: Iterable[api_pb2.ContainerMemory]) -> tuple[MemoryBlock, ...]:
+    return tuple(
+        MemoryBlock(memory_type=m.memory_type, size=m.size, numa_nodes=_numa(m.topology)) for m in entries
+    )
+
+
+def _pod(message: api_pb2.PodResources) -> PodResources:
+    return PodResources(
+        namespace=message.namespace,
+        name=message.name,
+        containers=tuple(
+            ContainerResources(
+                name=c.name,
+                cpu_ids=frozenset(c.cpu_ids),
+                devices=_devices(c.devices),
+                memory=_memory(c.memory),
+            )
+            for c in message.containers
+        ),
+        cpu_ids=frozenset(message.cpu_ids),
+        memory=_memory(message.memory),
+    )

@@ -1,0 +1,610 @@
+"""A simulated kubelet: pods on one node, the static CPU manager, the PodResources v1 gRPC server and
+`cpu_manager_state`.
+
+What it reproduces (reference notes numa-topology-podresources.md §1, §2):
+
+* QoS classes computed like Kubernetes (only cpu and memory count): Guaranteed when every container has
+  cpu and memory limits and its requests equal them (a missing request defaults to the limit, as the API
+  server does); BestEffort when no container sets any; Burstable otherwise.
+* Exclusive CPUs, via rmd_sim.cpumanager, only for containers of Guaranteed pods with an integer CPU
+  request, and only with the `static` policy. Everything else shares the pool. A pod that cannot get its
+  CPUs or devices is rejected (add_pod raises) and leaves no trace, like a failed kubelet admission.
+* Device-plugin resources, when a device pool is configured for them (`devices`). Other extended
+  resources, such as `intel.com/l3_cache_ways` advertised in node status, are kept on the pod but never
+  reported: the kubelet only reports device-plugin devices.
+* PodResourcesLister: List = every pod added and not removed (the active pods), containers' `cpu_ids`
+  only the exclusive CPUs; GetAllocatableResources = online CPUs minus the reserved set (empty with
+  policy `none`) and all devices; Get = one pod, else the error "pod <name> in namespace <ns> not found".
+  The real kubelet returns that as a plain Go error (status UNKNOWN); here the status is NOT_FOUND unless
+  `not_found_code` says otherwise. `get_enabled=False` answers Get like a kubelet whose
+  KubeletPodResourcesGet gate is off. The kubelet's rate limit (100 qps, burst 10, RESOURCE_EXHAUSTED
+  "rejected by rate limit") applies. No memory manager: memory blocks are never reported.
+* `<root>/var/lib/kubelet/cpu_manager_state` (v2 format, valid checksum), rewritten after every change
+  through a temp file in the same directory, fsync and rename, as the kubelet's checkpoint manager does.
+
+Tests can freeze the server with `stall()` / `resume()` to exercise client deadlines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import grpc
+import grpc.aio
+import yaml
+
+from rmd_api.cpuset import format_cpu_list, parse_cpu_list
+from rmd_api.kubelet.checkpoint import encode_cpu_manager_state_v2
+from rmd_api.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
+from rmd_sim import cpumanager
+from rmd_sim.cpumanager import Cpu, Topology
+
+log = logging.getLogger(__name__)
+
+SOCKET_REL = "var/lib/kubelet/pod-resources/kubelet.sock"
+STATE_REL = "var/lib/kubelet/cpu_manager_state"
+CONFIG_REL = "var/lib/kubelet/config.yaml"
+MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+
+CpuManagerPolicy = Literal["static", "none"]
+QoS = Literal["Guaranteed", "Burstable", "BestEffort"]
+
+_add_servicer: Any = api_pb2_grpc.add_PodResourcesListerServicer_to_server  # generated without annotations
+
+
+# --- quantities and QoS (pure) ---
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_SUFFIX: dict[str | None, Fraction] = {
+    None: Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    **{s: Fraction(1024 ** (i + 1)) for i, s in enumerate(["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"])},
+}
+
+
+def parse_quantity(text: str | int) -> Fraction:
+    """A Kubernetes resource quantity ("500m", "2", "1.5", "4Gi", "1e3") as an exact number."""
+    match = _QUANTITY.match(str(text).strip())
+    if match is None:
+        raise ValueError(f"invalid resource quantity {text!r}")
+    number: str = match.group(1)
+    suffix: str | None = match.group(2)
+    return Fraction(number) * _SUFFIX[suffix]
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """A container's resources as in a pod spec; None means "not set". `resources`: extended resources."""
+
+    name: str
+    cpu_request: str | None = None
+    cpu_limit: str | None = None
+    memory_request: str | None = None
+    memory_limit: str | None = None
+    resources: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, spec: ContainerSpec | Sequence[Any]) -> ContainerSpec:
+        """Accept a ContainerSpec or a tuple (name, cpu request, cpu limit, memory, extended resources).
+
+        In the tuple form `memory` is both request and limit, and the trailing items may be left out.
+        """
+        if isinstance(spec, ContainerSpec):
+            return spec
+        if not 1 <= len(spec) <= 5:
+            raise ValueError(f"container {spec!r}: expected (name, cpu request, cpu limit, memory, extras)")
+        name, cpu_request, cpu_limit, memory, resources = (*spec, None, None, None, None)[:5]
+        return cls(str(name), cpu_request, cpu_limit, memory, memory, dict(resources or {}))
+
+    def effective(self, resource: Literal["cpu", "memory"]) -> tuple[Fraction | None, Fraction | None]:
+        """(request, limit) after the API server's defaulting: a missing request takes the limit.
+
+        Zero counts as unset, as in Kubernetes' QoS computation.
+        """
+        raw_request, raw_limit = (
+            (self.cpu_request, self.cpu_limit)
+            if resource == "cpu"
+            else (self.memory_request, self.memory_limit)
+        )
+        limit = parse_quantity(raw_limit) if raw_limit is not None else None
+        request = parse_quantity(raw_request) if raw_request is not None else limit
+        return (request or None, limit or None)
+
+
+_QOS_RESOURCES: tuple[Literal["cpu", "memory"], ...] = ("cpu", "memory")
+
+
+def qos_class(containers: Iterable[ContainerSpec]) -> QoS:
+    """The pod's QoS class, from cpu and memory only (as Kubernetes' GetPodQOS)."""
+    any_set = False
+    guaranteed = True
+    for container in containers:
+        for resource in _QOS_RESOURCES:
+            request, limit = container.effective(resource)
+            any_set = any_set or request is not None or limit is not None
+            guaranteed = guaranteed and limit is not None and request == limit
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def exclusive_cpu_count(qos: QoS, container: ContainerSpec) -> int:
+    """CPUs the static policy pins for the container: its integer CPU request in a Guaranteed pod, else 0."""
+    request, _ = container.effective("cpu")
+    if qos != "Guaranteed" or request is None or request.denominator != 1:
+        return 0
+    return int(request)
+
+
+# --- host tree ---
+
+
+def read_topology(host_root: Path) -> Topology:
+    """CPUs of a host tree from sysfs: package and core ids per CPU, NUMA node from nodeN/cpulist."""
+    cpu_dir = host_root / "sys/devices/system/cpu"
+    node_dir = host_root / "sys/devices/system/node"
+    online_file = cpu_dir / "online"
+    online = parse_cpu_list(online_file.read_text()) if online_file.exists() else None
+    numa_of: dict[int, int] = {}
+    if node_dir.is_dir():
+        for entry in node_dir.iterdir():
+            if re.fullmatch(r"node\d+", entry.name) and (entry / "cpulist").exists():
+                for cpu_id in parse_cpu_list((entry / "cpulist").read_text()):
+                    numa_of[cpu_id] = int(entry.name[4:])
+    cpus = []
+    for entry in cpu_dir.iterdir() if cpu_dir.is_dir() else ():
+        if not re.fullmatch(r"cpu\d+", entry.name) or not (entry / "topology").is_dir():
+            continue
+        cpu_id = int(entry.name[3:])
+        if online is not None and cpu_id not in online:
+            continue
+        socket = int((entry / "topology/physical_package_id").read_text())
+        core = int((entry / "topology/core_id").read_text())
+        cpus.append(Cpu(cpu_id, socket, numa_of.get(cpu_id, 0), core))
+    if not cpus:
+        raise ValueError(f"{cpu_dir}: no cpuN/topology directories; is {host_root} a host tree?")
+    return Topology.of(cpus)
+
+
+def read_kubelet_config(host_root: Path) -> dict[str, Any]:
+    """The kubelet config file of a host tree (empty when there is none)."""
+    path = host_root / CONFIG_REL
+    if not path.exists():
+        return {}
+    loaded = yaml.safe_load(path.read_text())
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Temp file in the same directory, fsync, rename over `path`: readers see the old or the new file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- the node model ---
+
+
+@dataclass(frozen=True)
+class Device:
+    id: str
+    numa: int | None = None  # None: the device plugin reports no topology
+
+
+@dataclass
+class SimPod:
+    namespace: str
+    name: str
+    uid: str
+    containers: tuple[ContainerSpec, ...]
+    qos: QoS
+    cpus: dict[str, frozenset[int]] = field(default_factory=dict)  # exclusive CPUs by container
+    devices: dict[str, dict[str, tuple[Device, ...]]] = field(default_factory=dict)  # container -> resource
+
+
+class AdmissionError(ValueError):
+    """The pod cannot be admitted (not enough exclusive CPUs or devices, duplicate uid or name)."""
+
+
+class SimKubelet:
+    """Pods on a node and what the kubelet's resource managers give them; serves PodResources while started.
+
+    `async with SimKubelet(...)` starts the gRPC server (and writes the state file); add_pod/remove_pod work
+    with or without the server.
+    """
+
+    def __init__(
+        self,
+        host_root: Path,
+        topology: Topology,
+        *,
+        reserved_cpus: Iterable[int] = (),
+        cpu_manager_policy: CpuManagerPolicy = "static",
+        devices: Mapping[str, Sequence[Device]] | None = None,
+        socket_path: Path | None = None,
+        not_found_code: grpc.StatusCode = grpc.StatusCode.NOT_FOUND,
+        get_enabled: bool = True,
+        rate_limit: tuple[float, int] | None = (100.0, 10),
+    ) -> None:
+        self.host_root = Path(host_root)
+        self.topology = topology
+        self.reserved = frozenset(reserved_cpus)
+        if not self.reserved <= topology.ids:
+            raise ValueError(
+                f"reserved cpus {format_cpu_list(self.reserved - topology.ids)} are not on the node"
+            )
+        self.policy: CpuManagerPolicy = cpu_manager_policy
+        self.devices = {name: tuple(devs) for name, devs in (devices or {}).items()}
+        self.socket_path = Path(socket_path) if socket_path else self.host_root / SOCKET_REL
+        self.state_path = self.host_root / STATE_REL
+        self.not_found_code = not_found_code
+        self.get_enabled = get_enabled
+        self._pods: dict[str, SimPod] = {}
+        self._limiter = _TokenBucket(*rate_limit) if rate_limit else None
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._server: grpc.aio.Server | None = None
+
+    @classmethod
+    def from_host_tree(
+        cls,
+        host_root: Path,
+        *,
+        reserved_cpus: Iterable[int] | None = None,
+        cpu_manager_policy: CpuManagerPolicy | None = None,
+        **kwargs: Any,
+    ) -> SimKubelet:
+        """A kubelet for a host tree: topology from its sysfs, the rest from the arguments.
+
+        Reserved CPUs and the CPU manager policy not given come from the tree's kubelet config
+        (reservedSystemCPUs, cpuManagerPolicy), defaulting to none reserved and `static`.
+        """
+        config = read_kubelet_config(Path(host_root))
+        if reserved_cpus is None:
+            reserved_cpus = parse_cpu_list(str(config.get("reservedSystemCPUs", "")))
+        if cpu_manager_policy is None:
+            cpu_manager_policy = (
+                "static" if str(config.get("cpuManagerPolicy", "static")) == "static" else "none"
+            )
+        return cls(
+            Path(host_root),
+            read_topology(Path(host_root)),
+            reserved_cpus=reserved_cpus,
+            cpu_manager_policy=cpu_manager_policy,
+            **kwargs,
+        )
+
+    # --- pods ---
+
+    @property
+    def pods(self) -> list[SimPod]:
+        return list(self._pods.values())
+
+    def assignments(self) -> dict[tuple[str, str], frozenset[int]]:
+        """Exclusive CPUs keyed by (pod uid, container name)."""
+        return {(pod.uid, name): cpus for pod in self._pods.values() for name, cpus in pod.cpus.items()}
+
+    def shared_pool(self) -> frozenset[int]:
+        """The defaultCpuSet: all CPUs minus exclusive ones (reserved included); empty with policy none."""
+        if self.policy == "none":
+            return frozenset()
+        return cpumanager.shared_pool(self.topology, self.assignments())
+
+    def allocatable_cpus(self) -> frozenset[int]:
+        return self.topology.ids - self.reserved if self.policy == "static" else frozenset()
+
+    def add_pod(
+        self, namespace: str, name: str, uid: str, containers: Iterable[ContainerSpec | Sequence[Any]]
+    ) -> SimPod:
+        """Admit a pod: pin CPUs and devices, rewrite cpu_manager_state. On AdmissionError nothing changes."""
+        if uid in self._pods:
+            raise AdmissionError(f"pod uid {uid} already exists")
+        if any(p.namespace == namespace and p.name == name for p in self._pods.values()):
+            raise AdmissionError(f"pod {name} already exists in namespace {namespace}")
+        specs = tuple(ContainerSpec.of(c) for c in containers)
+        pod = SimPod(namespace, name, uid, specs, qos_class(specs))
+        assigned = self.assignments()
+        used_devices = {
+            d for p in self._pods.values() for res in p.devices.values() for ds in res.values() for d in ds
+        }
+        for spec in specs:
+            count = exclusive_cpu_count(pod.qos, spec) if self.policy == "static" else 0
+            if count:
+                try:
+                    cpus = cpumanager.allocate(self.topology, self.reserved, assigned, count)
+                except cpumanager.NotEnoughCpus as exc:
+                    raise AdmissionError(f"pod {namespace}/{name} container {spec.name}: {exc}") from exc
+                pod.cpus[spec.name] = cpus
+                assigned[(uid, spec.name)] = cpus
+            granted = self._take_devices(
+                f"{namespace}/{name}", spec, pod.cpus.get(spec.name, frozenset()), used_devices
+            )
+            if granted:
+                pod.devices[spec.name] = granted
+        self._pods[uid] = pod
+        self.write_state()
+        log.info("admitted pod %s/%s (%s), exclusive cpus %s", namespace, name, pod.qos, pod.cpus or "none")
+        return pod
+
+    def remove_pod(self, uid: str) -> None:
+        """Forget the pod; its CPUs go back to the shared pool and the state file is rewritten."""
+        pod = self._pods.pop(uid, None)
+        if pod is None:
+            raise KeyError(f"no pod with uid {uid}")
+        self.write_state()
+        log.info("removed pod %s/%s", pod.namespace, pod.name)
+
+    def find_pod(self, namespace: str, name: str) -> SimPod | None:
+        return next((p for p in self._pods.values() if p.namespace == namespace and p.name == name), None)
+
+    def _take_devices(
+        self, pod: str, spec: ContainerSpec, cpus: frozenset[int], used: set[Device]
+    ) -> dict[str, tuple[Device, ...]]:
+        granted: dict[str, tuple[Device, ...]] = {}
+        cpu_numa = {self.topology.cpu(c).numa for c in cpus}
+        for resource, count in sorted(spec.resources.items()):
+            if resource not in self.devices or count <= 0:
+                continue
+            free = [d for d in self.devices[resource] if d not in used]
+            if len(free) < count:
+                raise AdmissionError(
+                    f"pod {pod} container {spec.name}: {count} {resource} requested, {len(free)} free"
+                )
+            # Like the device manager's topology hint: devices near the container's CPUs first.
+            free.sort(key=lambda d: d.numa not in cpu_numa)
+            granted[resource] = tuple(free[:count])
+            used.update(granted[resource])
+        return granted
+
+    # --- cpu_manager_state ---
+
+    def write_state(self) -> None:
+        """Rewrite cpu_manager_state (v2) atomically."""
+        entries = {
+            pod.uid: {name: format_cpu_list(cpus) for name, cpus in sorted(pod.cpus.items())}
+            for pod in self._pods.values()
+            if pod.cpus
+        }
+        text = encode_cpu_manager_state_v2(self.policy, format_cpu_list(self.shared_pool()), entries)
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.state_path, text)
+
+    # --- server ---
+
+    def stall(self) -> None:
+        """Hold every call until resume(); clients see their deadline expire."""
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    async def start(self) -> None:
+        path = str(self.socket_path.absolute())
+        if len(path.encode()) > MAX_UNIX_PATH:
+            raise ValueError(f"unix socket path is {len(path.encode())} bytes, over {MAX_UNIX_PATH}: {path}")
+        self.write_state()
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        self.socket_path.unlink(missing_ok=True)  # a stale socket from a previous run, as the kubelet does
+        server = grpc.aio.server()
+        _add_servicer(_Servicer(self), server)
+        if server.add_insecure_port(f"unix://{path}") == 0:
+            raise OSError(f"cannot listen on {path}")
+        await server.start()
+        self._server = server
+        log.info("simulated kubelet serving PodResources on %s", path)
+
+    async def stop(self, grace: float | None = None) -> None:
+        self.resume()  # let stalled calls finish (or be cancelled) instead of hanging shutdown
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        self.socket_path.unlink(missing_ok=True)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # --- answers (protobuf), used by the servicer ---
+
+    def _device_messages(self, devices: Mapping[str, Iterable[Device]]) -> list[api_pb2.ContainerDevices]:
+        # One entry per (device, NUMA node), as the kubelet's containerDevicesFromResourceDeviceInstances.
+        return [
+            api_pb2.ContainerDevices(
+                resource_name=resource,
+                device_ids=[d.id],
+                topology=None
+                if d.numa is None
+                else api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=d.numa)]),
+            )
+            for resource, devs in sorted(devices.items())
+            for d in devs
+        ]
+
+    def _pod_message(self, pod: SimPod) -> api_pb2.PodResources:
+        return api_pb2.PodResources(
+            name=pod.name,
+            namespace=pod.namespace,
+            containers=[
+                api_pb2.ContainerResources(
+                    name=spec.name,
+                    cpu_ids=sorted(pod.cpus.get(spec.name, ())),
+                    devices=self._device_messages(pod.devices.get(spec.name, {})),
+                )
+                for spec in pod.containers
+            ],
+        )
+
+    async def _admit_call(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await self._resumed.wait()
+        if self._limiter is not None and not self._limiter.take():
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
+
+
+class _TokenBucket:
+    """The kubelet's PodResources limiter: `qps` tokens per second, at most `burst` saved up."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps = qps
+        self.burst = burst
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.qps)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class _Servicer:
+    """PodResourcesLister over a SimKubelet (the generated base class is untyped, so it is not subclassed)."""
+
+    def __init__(self, kubelet: SimKubelet) -> None:
+        self.kubelet = kubelet
+
+    async def List(  # gRPC method names
+        self, request: api_pb2.ListPodResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.ListPodResourcesResponse:
+        await self.kubelet._admit_call(context)
+        return api_pb2.ListPodResourcesResponse(
+            pod_resources=[self.kubelet._pod_message(p) for p in self.kubelet.pods]
+        )
+
+    async def GetAllocatableResources(
+        self, request: api_pb2.AllocatableResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.AllocatableResourcesResponse:
+        await self.kubelet._admit_call(context)
+        return api_pb2.AllocatableResourcesResponse(
+            cpu_ids=sorted(self.kubelet.allocatable_cpus()),
+            devices=self.kubelet._device_messages(self.kubelet.devices),
+        )
+
+    async def Get(
+        self, request: api_pb2.GetPodResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.GetPodResourcesResponse:
+        await self.kubelet._admit_call(context)
+        if not self.kubelet.get_enabled:  # the KubeletPodResourcesGet gate is off (default before 1.34)
+            await context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
+        pod = self.kubelet.find_pod(request.pod_namespace, request.pod_name)
+        if pod is None:
+            await context.abort(
+                self.kubelet.not_found_code,
+                f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+            )
+        assert pod is not None  # abort raises
+        return api_pb2.GetPodResourcesResponse(pod_resources=self.kubelet._pod_message(pod))
+
+
+# --- standalone server ---
+
+
+async def serve_kubelet(
+    host_root: Path,
+    *,
+    reserved_cpus: Iterable[int] | None = None,
+    cpu_manager_policy: CpuManagerPolicy | None = None,
+    socket_path: Path | None = None,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Serve PodResources for a host tree until cancelled. `ready` is set once the socket accepts calls."""
+    kubelet = SimKubelet.from_host_tree(
+        Path(host_root),
+        reserved_cpus=reserved_cpus,
+        cpu_manager_policy=cpu_manager_policy,
+        socket_path=socket_path,
+    )
+    async with kubelet:
+        if ready is not None:
+            ready.set()
+        await asyncio.Event().wait()  # forever; cancellation stops the server
+
+
+def add_kubelet_command(subparsers: Any) -> None:
+    """Register `kubelet` on argparse subparsers; sets `run(args) -> int` like rmd_sim.cli's commands."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "kubelet", help="serve the kubelet PodResources API for a simulated host tree"
+    )
+    _add_arguments(parser)
+    parser.set_defaults(run=run_kubelet_command)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host-root", type=Path, required=True, help="the simulated host tree")
+    parser.add_argument("--socket", type=Path, default=None, help=f"default: <host root>/{SOCKET_REL}")
+    parser.add_argument(
+        "--reserved-cpus",
+        default=None,
+        help="cpu list, e.g. 0,4; default: reservedSystemCPUs of the tree's config",
+    )
+    parser.add_argument("--cpu-manager-policy", choices=["static", "none"], default=None)
+
+
+def run_kubelet_command(args: argparse.Namespace) -> int:
+    reserved = parse_cpu_list(args.reserved_cpus) if args.reserved_cpus is not None else None
+
+    async def run() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve_kubelet(
+                args.host_root,
+                reserved_cpus=reserved,
+                cpu_manager_policy=args.cpu_manager_policy,
+                socket_path=args.socket,
+            )
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(run())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rmd_sim.kubelet", description="simulated kubelet PodResources server"
+    )
+    _add_arguments(parser)
+    return run_kubelet_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
