@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -22,3 +24,13 @@ def make_tree(tmp_path: Path) -> Callable[[Mapping[str, str]], Path]:
         return root
 
     return make
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh directory with a short path (unix sockets must fit AF_UNIX's 108 bytes), in memory when
+    /dev/shm exists: simulated host trees are thousands of small files."""
+    parent = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    root = Path(tempfile.mkdtemp(prefix="rmd-", dir=parent))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

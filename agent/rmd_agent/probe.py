@@ -115,8 +115,8 @@ def _probe_hardware(fs: HostFS) -> list[Finding]:
     if isinstance(cgroups, Unsupported):
         findings.append(_missing("cgroup", cgroups))
     else:
-        driver = cgroups.driver if isinstance(cgroups.driver, str) else str(cgroups.driver)
-        findings.append(_found("cgroup", f"v{cgroups.version}, driver {driver}"))
+        driver = f"driver {cgroups.driver}" if isinstance(cgroups.driver, str) else cgroups.driver.reason
+        findings.append(_found("cgroup", f"v{cgroups.version}, {driver}"))
     return findings
 
 
@@ -155,15 +155,19 @@ async def _probe_pod_resources(settings: AgentSettings) -> Finding:
     return _found("podResources", f"{socket}: {len(pods)} pod(s) listed")
 
 
-def probe(settings: AgentSettings) -> ProbeReport:
+async def probe_async(settings: AgentSettings) -> ProbeReport:
     fs = HostFS(settings.host_root)
     findings = [
         *_probe_rdt(fs),
         *_probe_hardware(fs),
         *_probe_kubelet_config(fs, settings),
-        asyncio.run(_probe_pod_resources(settings)),
+        await _probe_pod_resources(settings),
     ]
     return ProbeReport(settings.node_name, str(Path(settings.host_root)), tuple(findings))
+
+
+def probe(settings: AgentSettings) -> ProbeReport:
+    return asyncio.run(probe_async(settings))
 
 
 def format_table(report: ProbeReport) -> str:
