@@ -1,1 +1,2 @@
-"""The simulated node: host trees, resctrl rules and a simulated kubelet for tests, benchmarks and the demo."""
+"""Test infrastructure: simulated nodes (host trees, resctrl rules, a simulated kubelet), the test
+control plane and the demo. Never imported by the agent or the operator."""

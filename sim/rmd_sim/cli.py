@@ -1,4 +1,4 @@
-"""`python -m rmd_sim`: build and check simulated nodes.
+"""`python -m rmd_sim`: simulated nodes, their kubelets, the test control plane and the demo.
 
 Each subcommand is one `add_<name>` function that registers its parser and sets `run`; add a new one to
 `COMMANDS`. `run` takes the parsed arguments and returns the exit status.
@@ -12,7 +12,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rmd_sim.control_plane import add_control_plane_command
+from rmd_sim.demo import add_demo
 from rmd_sim.hosttree import summary, write_host_tree
+from rmd_sim.kubelet import add_kubelet_command
 from rmd_sim.resctrl import check_resctrl_tree
 from rmd_sim.spec import SpecError, load_spec
 
@@ -57,7 +60,13 @@ def add_check(sub: Subparsers) -> None:
     p.set_defaults(run=_run_check)
 
 
-COMMANDS: list[Callable[[Subparsers], None]] = [add_node, add_check]
+COMMANDS: list[Callable[[Subparsers], None]] = [
+    add_node,
+    add_check,
+    add_kubelet_command,
+    add_control_plane_command,
+    add_demo,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
