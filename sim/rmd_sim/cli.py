@@ -17,6 +17,7 @@ from rmd_sim.demo import add_demo
 from rmd_sim.hosttree import summary, write_host_tree
 from rmd_sim.kubelet import add_kubelet_command
 from rmd_sim.resctrl import check_resctrl_tree
+from rmd_sim.resctrl_fuse import add_resctrl_mount_command
 from rmd_sim.spec import SpecError, load_spec
 
 Subparsers = Any  # argparse's _SubParsersAction is private; its add_parser is all a command needs
@@ -64,6 +65,7 @@ COMMANDS: list[Callable[[Subparsers], None]] = [
     add_node,
     add_check,
     add_kubelet_command,
+    add_resctrl_mount_command,
     add_control_plane_command,
     add_demo,
 ]
