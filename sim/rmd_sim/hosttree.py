@@ -122,6 +122,9 @@ def write_host_tree(spec: NodeSpec, out: Path, *, replace: bool = False) -> None
     _write_powercap(spec, tree)
     _write_cgroups(spec, tree)
     _write_kubelet(spec, tree)
+    from rmd_sim.perf import write_perf_counters  # perf reads specs back through this module
+
+    write_perf_counters(out, range(spec.cpus))  # the simulated hardware counters P-state monitoring reads
     tree.file(SPEC_FILE, json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
