@@ -2,7 +2,12 @@
 
 Environment variables are the field names upper-cased with an RMD_ prefix (RMD_HOST_ROOT); NODE_NAME is
 also read, since that is what the downward API conventionally sets. Nothing else in the agent reads
-os.environ.
+os.environ. List settings (allowed_clients) take a YAML list in the file and a comma-separated string in a
+flag or variable. Each field's `help` metadata is its flag's help text and its line in docs/agent.md.
+
+Paths of things that belong to the node (kubelet files, the agent's state) are relative to host_root, so one
+flag moves the agent onto a simulated node; paths of the agent's own files (certificates, policy file) are
+taken as given.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +23,83 @@ import yaml
 
 from rmd_agent.errors import ConfigError
 
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+ANY_CLIENT = "*"  # in allowed_clients: any certificate the client CA signed
+
 
 @dataclass(frozen=True)
 class AgentSettings:
-    node_name: str = ""
-    host_root: Path = Path("/")
+    node_name: str = field(default="", metadata={"help": "this node's name (also read from $NODE_NAME)"})
+    host_root: Path = field(
+        default=Path("/"), metadata={"help": "root of the host tree the agent reads and writes"}
+    )
     # Kubelet paths are relative to host_root, so one flag moves the agent onto a simulated node.
-    kubelet_dir: str = "var/lib/kubelet"
-    kubelet_config: str = "var/lib/kubelet/config.yaml"
-    pod_resources_socket: str = "var/lib/kubelet/pod-resources/kubelet.sock"
-    kubelet_timeout_seconds: float = 2.0
-    log_format: str = "text"  # "text" or "json"
+    kubelet_dir: str = field(
+        default="var/lib/kubelet", metadata={"help": "kubelet root directory, relative to host_root"}
+    )
+    kubelet_config: str = field(
+        default="var/lib/kubelet/config.yaml",
+        metadata={"help": "kubelet configuration file, relative to host_root"},
+    )
+    pod_resources_socket: str = field(
+        default="var/lib/kubelet/pod-resources/kubelet.sock",
+        metadata={"help": "kubelet PodResources socket, relative to host_root"},
+    )
+    kubelet_timeout_seconds: float = field(
+        default=2.0, metadata={"help": "deadline of each kubelet PodResources call"}
+    )
+    log_format: str = field(default="text", metadata={"help": "log format: text or json"})
+    log_level: str = field(default="info", metadata={"help": "log level: debug, info, warning or error"})
+    # -- serve --
+    grpc_listen: str = field(
+        default="0.0.0.0:50051", metadata={"help": "host:port of the gRPC API (mTLS unless insecure)"}
+    )
+    http_listen: str = field(
+        default="0.0.0.0:8081", metadata={"help": "host:port of /healthz, /readyz and /metrics (plain HTTP)"}
+    )
+    tls_cert: Path = field(
+        default=Path("/etc/rmd-agent/tls/tls.crt"), metadata={"help": "PEM server certificate (chain)"}
+    )
+    tls_key: Path = field(
+        default=Path("/etc/rmd-agent/tls/tls.key"), metadata={"help": "PEM private key of tls_cert"}
+    )
+    tls_client_ca: Path = field(
+        default=Path("/etc/rmd-agent/tls/ca.crt"),
+        metadata={"help": "PEM CA bundle that client certificates must chain to"},
+    )
+    allowed_clients: tuple[str, ...] = field(
+        default=("rmd-operator",),
+        metadata={
+            "help": "client identities allowed to call (certificate SAN DNS/URI, or CN when it has no SAN); "
+            f"'{ANY_CLIENT}' allows any certificate the client CA signed"
+        },
+    )
+    insecure: bool = field(
+        default=False, metadata={"help": "serve gRPC in plaintext without client authentication (warns)"}
+    )
+    state_path: str = field(
+        default="var/lib/rmd-agent/state.json",
+        metadata={"help": "the agent's record of what it enforced, relative to host_root"},
+    )
+    policy_file: str = field(
+        default="", metadata={"help": "YAML policy file (gold/silver/bronze values); empty: built-in"}
+    )
+    shutdown_grace_seconds: float = field(
+        default=5.0, metadata={"help": "on SIGTERM, how long in-flight calls may finish"}
+    )
 
     def host_path(self, rel: str) -> Path:
         return self.host_root / rel.lstrip("/")
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
+        return {k: _plain(v) for k, v in dataclasses.asdict(self).items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _coerce(name: str, raw: Any, default: Any) -> Any:
@@ -47,6 +112,11 @@ def _coerce(name: str, raw: Any, default: Any) -> Any:
             return bool(raw)
         if isinstance(default, Path):
             return Path(raw)
+        if isinstance(default, tuple):
+            items = raw.split(",") if isinstance(raw, str) else raw
+            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+                raise ValueError(raw)
+            return tuple(i.strip() for i in items if i.strip())
         return type(default)(raw)
     except (TypeError, ValueError):
         raise ConfigError(f"setting {name}: {raw!r} is not a valid {type(default).__name__}") from None
@@ -86,8 +156,12 @@ def load_settings(
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         values.update({k: _coerce(k, v, known[k]) for k, v in layer.items()})
-    if values.get("log_format", "text") not in ("text", "json"):
+    if values.get("log_format", "text") not in LOG_FORMATS:
         raise ConfigError(f"setting log_format: {values['log_format']!r} must be 'text' or 'json'")
+    if values.get("log_level", "info") not in LOG_LEVELS:
+        raise ConfigError(
+            f"setting log_level: {values['log_level']!r} must be one of {', '.join(LOG_LEVELS)}"
+        )
     return AgentSettings(**values)
 
 

@@ -89,9 +89,19 @@ class CertificateAuthority:
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
         return self._issue(_name(common_name), ExtendedKeyUsageOID.SERVER_AUTH, sans)
 
-    def issue_client(self, user: str, groups: Iterable[str] = ()) -> KeyPair:
-        """A client certificate; kube-apiserver maps CN to the user name and each O to a group."""
-        return self._issue(_name(user, groups), ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    def issue_client(
+        self,
+        user: str,
+        groups: Iterable[str] = (),
+        *,
+        dns_names: Iterable[str] = (),
+        uris: Iterable[str] = (),
+    ) -> KeyPair:
+        """A client certificate; kube-apiserver maps CN to the user name and each O to a group. SAN DNS names
+        and URIs (e.g. SPIFFE IDs) are what the node agent matches against its allowed client identities."""
+        sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+        sans += [x509.UniformResourceIdentifier(uri) for uri in uris]
+        return self._issue(_name(user, groups), ExtendedKeyUsageOID.CLIENT_AUTH, sans)
 
     def _issue(
         self, subject: x509.Name, usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]

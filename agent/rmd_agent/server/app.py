@@ -1,0 +1,239 @@
+"""`rmd-agent serve`: the engine behind the gRPC API (mTLS), the gRPC health service, and the HTTP health and
+metrics endpoints, with an orderly start and stop.
+
+Start: settings, certificates and ports are checked first (fail fast, before touching the node), the HTTP
+endpoints come up (alive, not ready), the engine starts (reconciles with the node), and the gRPC server
+opens. Stop (SIGTERM, SIGINT): readiness and gRPC health turn NOT_SERVING, in-flight
+calls get shutdown_grace_seconds to finish, then the engine closes and the HTTP endpoints go last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import socket
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # absent from grpc-stubs
+from prometheus_client import CollectorRegistry, ProcessCollector
+
+from rmd_agent.engine_api import Engine
+from rmd_agent.errors import ConfigError
+from rmd_agent.server.grpc_service import AgentInterceptor, AgentService
+from rmd_agent.server.http_endpoints import HealthHttpServer, split_host_port
+from rmd_agent.server.metrics import GrpcMetrics
+from rmd_agent.server.tls import server_credentials
+from rmd_agent.settings import AgentSettings
+from rmd_api.agent.v1 import agent_pb2
+
+log = logging.getLogger(__name__)
+
+AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
+_SERVING: Any = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING: Any = health_pb2.HealthCheckResponse.NOT_SERVING
+_add_health: Any = health_pb2_grpc.add_HealthServicer_to_server
+_HEALTH_REFRESH_SECONDS = 5.0
+
+_GRPC_OPTIONS = [
+    # grpc sets SO_REUSEPORT by default, so a second agent on the same port would start and share the
+    # traffic silently; without it the second one fails to bind.
+    ("grpc.so_reuseport", 0),
+]
+
+
+class ManagedEngine(Engine, Protocol):
+    """An Engine with a lifecycle: start() reconciles with the node, close() releases what it holds."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+EngineFactory = Callable[[AgentSettings], ManagedEngine]
+
+
+def create_default_engine(settings: AgentSettings) -> ManagedEngine:
+    # Imported late, so the server modules load (and are tested) without the node-side stack.
+    engines = importlib.import_module("rmd_agent.engine")
+    engine: ManagedEngine = engines.create_engine(settings)
+    return engine
+
+
+def check_serve_settings(settings: AgentSettings) -> grpc.ServerCredentials | None:
+    """ConfigError for settings `serve` cannot run with, unreadable certificates included (checked before
+    anything starts, so a misconfigured agent fails at once and never touches the node). Returns the gRPC
+    server credentials, None with insecure."""
+    split_host_port(settings.grpc_listen)
+    split_host_port(settings.http_listen)
+    if not settings.insecure and not settings.allowed_clients:
+        raise ConfigError(
+            "allowed_clients is empty, so no client could call: name the operator's certificate identity, "
+            "or '*' to accept any certificate the client CA signed"
+        )
+    if settings.shutdown_grace_seconds < 0:
+        raise ConfigError(f"shutdown_grace_seconds cannot be negative ({settings.shutdown_grace_seconds})")
+    if settings.insecure:
+        return None
+    return server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+
+
+def check_port_free(address: str, what: str) -> None:
+    """ConfigError if `address` cannot be bound now (another process holds it). Port 0 always can."""
+    host, port = split_host_port(address)
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc binds
+            probe.bind(sockaddr)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {address} for {what}: {exc.strerror}") from None
+
+
+class AgentServer:
+    """The agent's servers around one engine. `start()` then `stop()`; ports are known after start."""
+
+    def __init__(
+        self, settings: AgentSettings, engine: ManagedEngine, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.grpc_port = 0
+        self.http_port = 0
+        self.health = health_aio.HealthServicer()
+        self._http = HealthHttpServer(self.registry, self.ready)
+        self._grpc: grpc.aio.Server | None = None
+        self._engine_started = False
+        self._stopping = False
+        self._health_task: asyncio.Task[None] | None = None
+
+    async def ready(self) -> tuple[bool, str]:
+        if self._stopping:
+            return False, "shutting down"
+        if not self._engine_started or self._grpc is None:
+            return False, "starting"
+        return await self.engine.ready()
+
+    async def start(self) -> None:
+        """Bring everything up; on failure, whatever started is stopped again and the error raised."""
+        settings = self.settings
+        credentials = check_serve_settings(settings)
+        # grpc only releases a bound port once its server has started, so the gRPC port is bound after the
+        # engine starts, and checked here to fail before touching the node.
+        check_port_free(settings.grpc_listen, "gRPC")
+        try:
+            self.http_port = await self._http.start(settings.http_listen)
+            await self.engine.start()
+            self._engine_started = True
+            self._grpc, self.grpc_port = self._grpc_server(credentials)
+            await self._grpc.start()
+            await self._refresh_health()
+        except BaseException:
+            await self.stop()
+            raise
+        self._health_task = asyncio.create_task(self._watch_health(), name="grpc-health")
+        log.info(
+            "serving gRPC on %s (port %d, %s) and HTTP on %s (port %d)",
+            settings.grpc_listen,
+            self.grpc_port,
+            "PLAINTEXT" if settings.insecure else "mTLS",
+            settings.http_listen,
+            self.http_port,
+        )
+
+    def _grpc_server(self, credentials: grpc.ServerCredentials | None) -> tuple[grpc.aio.Server, int]:
+        settings = self.settings
+        if settings.insecure:
+            log.warning(
+                "--insecure: the gRPC API on %s is PLAINTEXT with no client authentication; anyone who "
+                "reaches it can change this node's cache, bandwidth and P-state settings",
+                settings.grpc_listen,
+            )
+        allowed = None if settings.insecure else frozenset(settings.allowed_clients)
+        interceptor = AgentInterceptor(allowed, GrpcMetrics(self.registry))
+        server = grpc.aio.server(interceptors=[interceptor], options=_GRPC_OPTIONS)
+        AgentService(self.engine).register(server)
+        _add_health(self.health, server)
+        try:
+            if credentials is None:
+                port = server.add_insecure_port(settings.grpc_listen)
+            else:
+                port = server.add_secure_port(settings.grpc_listen, credentials)
+        except RuntimeError as exc:  # grpc's "Failed to bind"
+            raise ConfigError(f"cannot listen on {settings.grpc_listen} for gRPC: {exc}") from None
+        if port == 0:
+            raise ConfigError(f"cannot listen on {settings.grpc_listen} for gRPC")
+        return server, port
+
+    async def _refresh_health(self) -> None:
+        """Overall health follows the process; the Agent service's follows the engine's readiness."""
+        ok, _ = await self.ready()
+        await self.health.set("", _SERVING)
+        await self.health.set(AGENT_SERVICE, _SERVING if ok else _NOT_SERVING)
+
+    async def _watch_health(self) -> None:
+        while True:
+            await asyncio.sleep(_HEALTH_REFRESH_SECONDS)
+            try:
+                await self._refresh_health()
+            except Exception:
+                log.exception("refreshing gRPC health failed")
+
+    async def stop(self) -> None:
+        """NOT_SERVING, drain gRPC calls within the grace period, close the engine, then HTTP. Idempotent."""
+        self._stopping = True
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        await self.health.enter_graceful_shutdown()
+        if self._grpc is not None:
+            await self._grpc.stop(self.settings.shutdown_grace_seconds)
+            self._grpc = None
+        if self._engine_started:
+            self._engine_started = False
+            try:
+                await self.engine.close()
+            except Exception:
+                log.exception("closing the engine failed")
+        await self._http.close()
+
+
+async def serve(
+    settings: AgentSettings,
+    engine_factory: EngineFactory = create_default_engine,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the agent until SIGTERM/SIGINT (or `stop` is set)."""
+    check_serve_settings(settings)
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    server = AgentServer(settings, engine_factory(settings), registry)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        try:
+            await stop.wait()
+            log.info("stopping: draining gRPC calls for up to %gs", settings.shutdown_grace_seconds)
+        finally:
+            await server.stop()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+    log.info("stopped")
