@@ -88,6 +88,32 @@ class AgentSettings:
     shutdown_grace_seconds: float = field(
         default=5.0, metadata={"help": "on SIGTERM, how long in-flight calls may finish"}
     )
+    # -- topology export (NodeResourceTopology; docs/topology.md) --
+    nrt_enabled: bool = field(default=True, metadata={"help": "publish this node's NodeResourceTopology"})
+    nrt_resync_seconds: float = field(
+        default=60.0,
+        metadata={"help": "full NodeResourceTopology refresh that also re-reads (and repairs) the object"},
+    )
+    nrt_min_write_interval_seconds: float = field(
+        default=1.0, metadata={"help": "least time between NodeResourceTopology refreshes (bounds writes)"}
+    )
+    nrt_poll_seconds: float = field(
+        default=2.0,
+        metadata={
+            "help": "PodResources List polling interval (and kubelet state file polling without inotify)"
+        },
+    )
+    nrt_exclude: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "resources left out of the NodeResourceTopology: names or globs (memory, hugepages-*), "
+            "optionally for one node only as <node>:<name>"
+        },
+    )
+    nrt_pods_fingerprint_method: str = field(
+        default="with-exclusive-resources",
+        metadata={"help": "pods in the pod fingerprint: with-exclusive-resources or all"},
+    )
 
     def host_path(self, rel: str) -> Path:
         return self.host_root / rel.lstrip("/")

@@ -1,0 +1,246 @@
+"""The NodeResourceTopology exporter: the agent's long-running task that keeps this node's object current.
+
+    exporter = NrtExporter(settings, api_client_factory, l3_provider)
+    task = asyncio.create_task(exporter.run())
+    ...
+    exporter.stop(); await task
+
+A refresh reads sysfs (NUMA nodes), the kubelet config (topology manager policy and scope), PodResources
+(GetAllocatableResources every time, so devices registered later appear; List) and the L3 provider, computes
+the object (nrt/zones.py) and hands it to the publisher, which writes only if the content changed.
+
+Refreshes happen on a kubelet state file change or a PodResources change (nrt/triggers.py), on a periodic
+resync (`nrt_resync_seconds`, which also re-reads the API object to recreate or repair it), and after a
+failure (with backoff). Triggers that fire while a refresh waits or runs are coalesced into the next one, and
+refreshes are at least `nrt_min_write_interval_seconds` apart, which bounds the write rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from rmd_agent.engine_api import Engine
+from rmd_agent.errors import AgentError, ConfigError
+from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.kubelet.config import KubeletConfig, read_kubelet_config
+from rmd_agent.kubelet.podresources import PodResourcesClient
+from rmd_agent.nrt import fingerprint
+from rmd_agent.nrt.publisher import NrtPublisher
+from rmd_agent.nrt.triggers import RefreshTrigger, poll_pod_resources, watch_kubelet_state
+from rmd_agent.nrt.zones import (
+    ATTRIBUTE_TM_POLICY,
+    ATTRIBUTE_TM_SCOPE,
+    CacheWays,
+    NodeTopology,
+    compute_zones,
+)
+from rmd_agent.observe.caches import read_l3_caches
+from rmd_agent.observe.numa import read_numa_nodes
+from rmd_agent.settings import AgentSettings
+from rmd_agent.workload import Pool
+
+log = logging.getLogger(__name__)
+
+L3Provider = Callable[[], Awaitable[Sequence[CacheWays]]]
+_GUARANTEED_POOL = str(Pool.GUARANTEED)
+
+
+class TopologyUnavailable(AgentError):
+    """The node's topology cannot be read (no NUMA information in sysfs)."""
+
+
+def node_exclusions(entries: Sequence[str], node_name: str) -> tuple[str, ...]:
+    """The exclusion patterns for this node: entries are `name` (every node) or `<node>:<name>`, where
+    name may be a glob (`hugepages-*`); like RTE's resourceExclude and NFD's excludeList with their `*`."""
+    patterns = []
+    for entry in entries:
+        node, sep, name = entry.rpartition(":")
+        if not sep or node in ("", "*", node_name):
+            patterns.append(name.strip())
+    return tuple(p for p in patterns if p)
+
+
+def sysfs_l3_provider(fs: HostFS) -> L3Provider:
+    """Cache ways with no allocations: every way of every L3 available (the default without an engine)."""
+    caches: list[CacheWays] | None = None
+
+    async def provide() -> Sequence[CacheWays]:
+        nonlocal caches
+        if caches is None:
+            found = read_l3_caches(fs)
+            caches = (
+                []
+                if isinstance(found, Unsupported)
+                else [CacheWays(c.id, c.cpus, c.ways, c.ways, c.ways) for c in found]
+            )
+        return caches
+
+    return provide
+
+
+def engine_l3_provider(engine: Engine) -> L3Provider:
+    """Cache ways as the engine allocates them: available = ways still free in the guaranteed pool.
+
+    The engine's summary has no pool sizes yet, so allocatable is the whole cache. A domain without a
+    guaranteed pool (no L3 CAT, resctrl not mounted) is left out, and with it the resource.
+    """
+
+    async def provide() -> Sequence[CacheWays]:
+        summary = await engine.node()
+        return [
+            CacheWays(c.cache_id, c.cpus, c.ways, c.ways, c.free_ways[_GUARANTEED_POOL])
+            for c in summary.caches
+            if _GUARANTEED_POOL in c.free_ways
+        ]
+
+    return provide
+
+
+def topology_attributes(config: KubeletConfig, pfp: str, method: str) -> dict[str, str]:
+    return {
+        ATTRIBUTE_TM_POLICY: config.topology_manager_policy,
+        ATTRIBUTE_TM_SCOPE: config.topology_manager_scope,
+        fingerprint.ATTRIBUTE: pfp,
+        fingerprint.ATTRIBUTE_METHOD: method,
+    }
+
+
+class NrtExporter:
+    """Keeps this node's NodeResourceTopology current until stop() (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        api_client_factory: Callable[[], Any],
+        l3_provider: L3Provider | None = None,
+    ) -> None:
+        if not settings.node_name:
+            raise ConfigError("node_name is required to export the NodeResourceTopology")
+        if settings.nrt_pods_fingerprint_method not in fingerprint.METHODS:
+            raise ConfigError(
+                f"setting nrt_pods_fingerprint_method: {settings.nrt_pods_fingerprint_method!r} must be "
+                f"one of {', '.join(fingerprint.METHODS)}"
+            )
+        for name in ("nrt_resync_seconds", "nrt_poll_seconds"):
+            if getattr(settings, name) <= 0:
+                raise ConfigError(f"setting {name} must be positive")
+        if settings.nrt_min_write_interval_seconds < 0:
+            raise ConfigError("setting nrt_min_write_interval_seconds must not be negative")
+        self.settings = settings
+        self.fs = HostFS(settings.host_root)
+        self.exclude = node_exclusions(settings.nrt_exclude, settings.node_name)
+        self._api_client_factory = api_client_factory
+        self._l3 = l3_provider or sysfs_l3_provider(self.fs)
+        self._trigger = RefreshTrigger()
+        self._stopping = False
+        self._config_warned = False
+        self.refreshes = 0  # completed refresh attempts, successful or not (tests wait on it)
+        self.failures = 0
+        self.last_topology: NodeTopology | None = None
+        self.last_outcome = ""  # created, replaced, unchanged, or failed
+        self.publisher: NrtPublisher | None = None
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._trigger.fire("stop")
+
+    def poke(self, reason: str = "requested") -> None:
+        """Ask for a refresh soon (e.g. after the engine changed cache allocations)."""
+        self._trigger.fire(reason)
+
+    async def run(self) -> None:
+        """Export until stop() or cancellation. Errors of one refresh are logged and retried, not raised."""
+        settings = self.settings
+        api_client = await asyncio.to_thread(self._api_client_factory)
+        try:
+            self.publisher = NrtPublisher(api_client, settings.node_name)
+            async with PodResourcesClient(
+                settings.host_path(settings.pod_resources_socket), settings.kubelet_timeout_seconds
+            ) as podres:
+                watchers = [
+                    asyncio.create_task(
+                        watch_kubelet_state(
+                            settings.host_path(settings.kubelet_dir), self._trigger, settings.nrt_poll_seconds
+                        )
+                    ),
+                    asyncio.create_task(
+                        poll_pod_resources(podres.list, self._trigger, settings.nrt_poll_seconds)
+                    ),
+                ]
+                try:
+                    await self._loop(podres, self.publisher)
+                finally:
+                    for task in watchers:
+                        task.cancel()
+                    await asyncio.gather(*watchers, return_exceptions=True)
+        finally:
+            close = getattr(api_client, "close", None)
+            if close is not None:
+                await asyncio.to_thread(close)
+
+    async def _loop(self, podres: PodResourcesClient, publisher: NrtPublisher) -> None:
+        settings = self.settings
+        self._trigger.fire("start")
+        next_resync = time.monotonic()  # the first refresh verifies against the API server
+        last_refresh = float("-inf")
+        backoff = 0.0
+        while not self._stopping:
+            reasons = await self._trigger.wait(max(0.0, next_resync - time.monotonic()))
+            if self._stopping:
+                break
+            # Bound the refresh (and so the write) rate; what fires meanwhile joins this refresh.
+            while (delay := last_refresh + settings.nrt_min_write_interval_seconds - time.monotonic()) > 0:
+                reasons |= await self._trigger.wait(delay)
+                if self._stopping:
+                    return
+            verify = time.monotonic() >= next_resync or backoff > 0
+            if verify:
+                next_resync = time.monotonic() + settings.nrt_resync_seconds
+            last_refresh = time.monotonic()
+            try:
+                topology = await self.snapshot(podres)
+                pfp = topology.attribute(fingerprint.ATTRIBUTE) or ""
+                self.last_outcome = await publisher.publish(
+                    topology, {fingerprint.ANNOTATION: pfp}, verify=verify
+                )
+                self.last_topology = topology
+                backoff = 0.0
+                log.debug("refresh (%s): %s", ", ".join(sorted(reasons)) or "resync", self.last_outcome)
+            except Exception as exc:  # a long-running exporter must survive any one failed refresh
+                self.failures += 1
+                self.last_outcome = "failed"
+                backoff = min(settings.nrt_resync_seconds, max(1.0, backoff * 2))
+                log.warning("NodeResourceTopology refresh failed (retry in %gs): %s", backoff, exc)
+                next_resync = min(next_resync, time.monotonic() + backoff)
+            finally:
+                self.refreshes += 1
+
+    async def snapshot(self, podres: PodResourcesClient) -> NodeTopology:
+        """Read every input once and compute the object's content."""
+        numa = read_numa_nodes(self.fs)
+        if isinstance(numa, Unsupported):
+            raise TopologyUnavailable(str(numa))
+        allocatable = await podres.get_allocatable()
+        pods = await podres.list()
+        caches = await self._l3()
+        zones = compute_zones(numa, allocatable, pods, caches, self.exclude)
+        method = self.settings.nrt_pods_fingerprint_method
+        attributes = topology_attributes(
+            self._kubelet_config(), fingerprint.pods_fingerprint(pods, method), method
+        )
+        return NodeTopology.of(zones, attributes)
+
+    def _kubelet_config(self) -> KubeletConfig:
+        """Re-read every refresh, so a changed topology manager policy shows (NFD #1256, RTE #162)."""
+        config = read_kubelet_config(self.fs, self.settings.kubelet_config)
+        if isinstance(config, Unsupported):
+            if not self._config_warned:
+                log.warning("kubelet config unreadable, publishing the kubelet defaults: %s", config)
+            self._config_warned = True
+            return KubeletConfig()
+        self._config_warned = False
+        return config

@@ -1,0 +1,275 @@
+"""What makes the exporter refresh: kubelet state files changing, PodResources answers changing.
+
+* The kubelet rewrites `cpu_manager_state`, `memory_manager_state` and
+  `device-plugins/kubelet_internal_checkpoint` by writing a temp file and renaming it over the old one, so
+  the *directories* are watched (inotify CREATE / MOVED_TO / CLOSE_WRITE, matched by basename), as NFD
+  does. inotify is reached through ctypes (no dependency); where it is unavailable, or the directory does
+  not exist yet, the files' identity (inode, size, mtime) is polled instead.
+* PodResources `List` is polled and compared by content: it is cheap, catches what no file records (a
+  best-effort pod appearing, a device pod without exclusive CPUs) and is what the zones are computed from.
+
+Both only fire a RefreshTrigger; the exporter coalesces whatever fired while it was busy into one refresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import struct
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+
+from rmd_agent.errors import KubeletUnavailable
+from rmd_agent.kubelet.podresources import PodResources
+
+log = logging.getLogger(__name__)
+
+STATE_FILES = ("cpu_manager_state", "memory_manager_state", "device-plugins/kubelet_internal_checkpoint")
+
+_IN_CLOSE_WRITE = 0x008
+_IN_MOVED_TO = 0x080
+_IN_CREATE = 0x100
+_IN_DELETE_SELF = 0x400
+_IN_MOVE_SELF = 0x800
+_IN_Q_OVERFLOW = 0x4000
+_IN_IGNORED = 0x8000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+_WATCH_MASK = _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE_SELF | _IN_MOVE_SELF
+_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then len bytes of name
+
+
+class RefreshTrigger:
+    """Reasons to refresh, collected until the exporter takes them (so a burst becomes one refresh)."""
+
+    def __init__(self) -> None:
+        self._reasons: set[str] = set()
+        self._event = asyncio.Event()
+
+    def fire(self, reason: str) -> None:
+        self._reasons.add(reason)
+        self._event.set()
+
+    def take(self) -> frozenset[str]:
+        """The reasons collected so far, cleared."""
+        reasons = frozenset(self._reasons)
+        self._reasons.clear()
+        self._event.clear()
+        return reasons
+
+    async def wait(self, seconds: float | None) -> frozenset[str]:
+        """Wait until something fires (or `seconds` pass: empty set) and take the reasons."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), seconds)
+        return self.take()
+
+
+# --- inotify -----------------------------------------------------------------------------------------------
+
+
+class InotifyUnavailable(OSError):
+    pass
+
+
+class _Inotify:
+    """A non-blocking inotify instance; `events()` parses what one read returned."""
+
+    def __init__(self) -> None:
+        name = ctypes.util.find_library("c")
+        try:
+            libc = ctypes.CDLL(name, use_errno=True)
+            self._add = libc.inotify_add_watch
+            init = libc.inotify_init1
+        except (OSError, AttributeError) as exc:
+            raise InotifyUnavailable(f"no inotify in the C library: {exc}") from exc
+        self._add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        self.fd = int(init(_IN_NONBLOCK | _IN_CLOEXEC))
+        if self.fd < 0:
+            code = ctypes.get_errno()
+            raise InotifyUnavailable(code, f"inotify_init1: {os.strerror(code)}")
+        self.dirs: dict[int, Path] = {}
+
+    def watch(self, directory: Path) -> None:
+        wd = int(self._add(self.fd, os.fsencode(directory), _WATCH_MASK))
+        if wd < 0:
+            code = ctypes.get_errno()
+            raise InotifyUnavailable(code, f"inotify_add_watch {directory}: {os.strerror(code)}")
+        self.dirs[wd] = directory
+
+    def read(self) -> list[tuple[Path | None, int, str]]:
+        """(watched directory, mask, name) of the pending events; [] when there are none."""
+        try:
+            data = os.read(self.fd, 64 * 1024)
+        except BlockingIOError:
+            return []
+        events = []
+        offset = 0
+        while offset + _EVENT.size <= len(data):
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            raw = data[offset + _EVENT.size : offset + _EVENT.size + length]
+            offset += _EVENT.size + length
+            events.append((self.dirs.get(wd), mask, os.fsdecode(raw.rstrip(b"\0"))))
+            if mask & _IN_IGNORED:
+                self.dirs.pop(wd, None)
+        return events
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _watched(kubelet_dir: Path, files: Iterable[str]) -> dict[Path, set[str]]:
+    """Directory -> basenames to react to."""
+    dirs: dict[Path, set[str]] = {}
+    for rel in files:
+        path = kubelet_dir / rel
+        dirs.setdefault(path.parent, set()).add(path.name)
+    return dirs
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+async def _poll_files(
+    paths: list[Path], fire: Callable[[str], None], interval: float, until: Callable[[], bool]
+) -> None:
+    """Fire when a file's identity changes; return once `until()` holds."""
+    stamps = {p: _stamp(p) for p in paths}
+    while not until():
+        await asyncio.sleep(interval)
+        for path in paths:
+            stamp = _stamp(path)
+            if stamp != stamps[path]:
+                stamps[path] = stamp
+                fire(f"kubelet-state:{path.name}")
+
+
+async def watch_kubelet_state(
+    kubelet_dir: Path,
+    trigger: RefreshTrigger,
+    poll_interval: float,
+    files: Iterable[str] = STATE_FILES,
+) -> None:
+    """Fire `trigger` whenever one of the kubelet's state files is replaced or written; runs until cancelled.
+
+    Directories that exist are watched with inotify (or polled if inotify cannot be used); files in
+    directories that do not exist yet (no device plugin ever registered, kubelet not started) are polled
+    until the directory appears, and then the watches are set up again.
+    """
+    dirs = _watched(Path(kubelet_dir), files)
+    while True:
+        present = {d: names for d, names in dirs.items() if d.is_dir()}
+        absent = [d for d in dirs if d not in present]
+        tasks = []
+        if present:
+            awaited = frozenset(absent)
+            tasks.append(asyncio.create_task(_watch_present(present, trigger, poll_interval, awaited)))
+        if absent:
+            paths = [d / name for d in absent for name in sorted(dirs[d])]
+            tasks.append(
+                asyncio.create_task(
+                    _poll_files(
+                        paths,
+                        trigger.fire,
+                        poll_interval,
+                        until=_any_exists(absent),
+                    )
+                )
+            )
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        trigger.fire("kubelet-state:layout")
+
+
+def _any_exists(dirs: Iterable[Path]) -> Callable[[], bool]:
+    candidates = tuple(dirs)
+    return lambda: any(d.is_dir() for d in candidates)
+
+
+async def _watch_present(
+    dirs: dict[Path, set[str]], trigger: RefreshTrigger, poll_interval: float, awaited: frozenset[Path]
+) -> None:
+    """inotify on existing directories until one disappears or an awaited one appears in them; polling for
+    ever if inotify is unavailable."""
+    try:
+        await _watch_with_inotify(dirs, trigger, awaited)
+    except InotifyUnavailable as exc:
+        log.info("watching kubelet state files by polling every %gs: %s", poll_interval, exc)
+        paths = [d / name for d, names in dirs.items() for name in sorted(names)]
+        await _poll_files(paths, trigger.fire, poll_interval, until=lambda: False)
+
+
+async def _watch_with_inotify(
+    dirs: dict[Path, set[str]], trigger: RefreshTrigger, awaited: frozenset[Path] = frozenset()
+) -> None:
+    """Returns when a watched directory goes away or one of `awaited` is created in a watched one (the
+    watches must then be rebuilt); InotifyUnavailable if inotify cannot be used."""
+    inotify = _Inotify()
+    loop = asyncio.get_running_loop()
+    relayout = asyncio.Event()
+
+    def on_readable() -> None:
+        for directory, mask, name in inotify.read():
+            if mask & _IN_Q_OVERFLOW:
+                trigger.fire("kubelet-state:overflow")
+            elif mask & (_IN_DELETE_SELF | _IN_MOVE_SELF | _IN_IGNORED):
+                relayout.set()
+            elif directory is not None and name in dirs.get(directory, ()):
+                trigger.fire(f"kubelet-state:{name}")
+            elif directory is not None and directory / name in awaited:
+                relayout.set()
+
+    try:
+        for directory in dirs:
+            inotify.watch(directory)
+        loop.add_reader(inotify.fd, on_readable)
+        try:
+            await relayout.wait()
+        finally:
+            loop.remove_reader(inotify.fd)
+    finally:
+        inotify.close()
+
+
+# --- PodResources ------------------------------------------------------------------------------------------
+
+
+def pods_key(pods: Iterable[PodResources]) -> tuple[PodResources, ...]:
+    """The List answer in a canonical order, so equal answers compare equal."""
+    return tuple(sorted(pods, key=lambda p: (p.namespace, p.name, repr(p))))
+
+
+async def poll_pod_resources(
+    list_pods: Callable[[], Awaitable[list[PodResources]]], trigger: RefreshTrigger, interval: float
+) -> None:
+    """Call `list_pods` every `interval` seconds, fire `trigger` when the answer changes; until cancelled."""
+    last: tuple[PodResources, ...] | None = None
+    failing = False
+    while True:
+        try:
+            current = pods_key(await list_pods())
+        except KubeletUnavailable as exc:
+            if not failing:
+                log.warning("PodResources polling: %s", exc)
+            failing = True
+        else:
+            if failing:
+                log.info("PodResources polling works again")
+                trigger.fire("podresources:recovered")
+            failing = False
+            if last is not None and current != last:
+                trigger.fire("podresources")
+            last = current
+        await asyncio.sleep(interval)

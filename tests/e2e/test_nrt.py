@@ -1,0 +1,360 @@
+"""NodeResourceTopology export on the real control plane: the exporter runs in-process against a simulated
+kubelet (real PodResources gRPC, real cpu_manager_state renames) on a simulated host tree, and publishes to
+a real kube-apiserver whose CRD is crds/noderesourcetopologies.topology.node.k8s.io.yaml.
+
+Scenarios from the reference notes §8 (RTE's topology-updater and PodFingerprint e2e, NFD's): object
+validity and owner, best-effort / fractional / exclusive pods, fingerprint stability and changes,
+recreation after deletion, excluded memory, devices, cache ways, garbage collection with the Node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from rmd_agent.nrt.exporter import NrtExporter
+from rmd_agent.nrt.publisher import GROUP, PLURAL, VERSION
+from rmd_agent.nrt.quantity import parse_integer_quantity
+from rmd_agent.nrt.zones import CACHE_WAYS_RESOURCE, CacheWays
+from rmd_agent.settings import AgentSettings
+from rmd_sim.control_plane import ControlPlane
+from rmd_sim.hosttree import write_host_tree
+from rmd_sim.kubelet import ContainerSpec, Device, SimKubelet
+from rmd_sim.spec import NodeSpec
+
+pytestmark = pytest.mark.e2e
+
+TIMEOUT = 30.0
+FAST: dict[str, Any] = {
+    "nrt_resync_seconds": 0.5,
+    "nrt_min_write_interval_seconds": 0.1,
+    "nrt_poll_seconds": 0.2,
+}
+# Only the kubelet state-directory watch can make these react within TIMEOUT.
+WATCH_ONLY: dict[str, Any] = {
+    "nrt_resync_seconds": 600.0,
+    "nrt_min_write_interval_seconds": 0.1,
+    "nrt_poll_seconds": 600.0,
+}
+Obj = dict[str, Any]
+
+
+@dataclass
+class SimNode:
+    name: str
+    uid: str
+    host: Path
+    api: Any  # kubernetes.client.ApiClient of the test (the exporter makes its own)
+
+    async def nrt(self) -> Obj | None:
+        objects = client.CustomObjectsApi(self.api)
+        try:
+            result: Any = await asyncio.to_thread(
+                objects.get_cluster_custom_object, GROUP, VERSION, PLURAL, self.name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(result)
+
+    async def delete_nrt(self) -> None:
+        objects = client.CustomObjectsApi(self.api)
+        with contextlib.suppress(ApiException):
+            await asyncio.to_thread(objects.delete_cluster_custom_object, GROUP, VERSION, PLURAL, self.name)
+
+
+@pytest.fixture
+def sim_node(control_plane: ControlPlane, short_tmp: Path) -> Iterator[SimNode]:
+    """A Node object in the API server and the host tree of the simulated machine behind it."""
+    name = f"nrt-{uuid.uuid4().hex[:8]}"
+    host = short_tmp / "host"
+    write_host_tree(NodeSpec.default(), host)
+    with control_plane.api_client() as api:
+        core = client.CoreV1Api(api)
+        node = core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
+        assert node.metadata is not None and node.metadata.uid
+        node_state = SimNode(name, node.metadata.uid, host, api)
+        try:
+            yield node_state
+        finally:
+            with contextlib.suppress(ApiException):
+                core.delete_node(name)
+            with contextlib.suppress(ApiException):
+                client.CustomObjectsApi(api).delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+
+
+@contextlib.asynccontextmanager
+async def exporting(
+    control_plane: ControlPlane,
+    node: SimNode,
+    *,
+    devices: Mapping[str, Sequence[Device]] | None = None,
+    l3_provider: Callable[[], Awaitable[Sequence[CacheWays]]] | None = None,
+    **settings: Any,
+) -> AsyncIterator[tuple[NrtExporter, SimKubelet]]:
+    kubelet = SimKubelet.from_host_tree(node.host, devices=devices or {})
+    async with kubelet:
+        exporter = NrtExporter(
+            AgentSettings(node_name=node.name, host_root=node.host, **{**FAST, **settings}),
+            control_plane.api_client,
+            l3_provider,
+        )
+        task = asyncio.create_task(exporter.run())
+        try:
+            yield exporter, kubelet
+        finally:
+            exporter.stop()
+            await asyncio.wait_for(task, TIMEOUT)
+
+
+async def eventually(probe: Callable[[], Awaitable[Any]], what: str, within: float = TIMEOUT) -> Any:
+    """Poll `probe` until it returns something truthy; its last value otherwise fails the test."""
+    deadline = time.monotonic() + within
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def published(node: SimNode) -> Obj:
+    result: Obj = await eventually(node.nrt, f"NodeResourceTopology {node.name}")
+    return result
+
+
+async def settled(exporter: NrtExporter) -> None:
+    """Wait for a refresh that started after this call (two pokes: a refresh already running may have
+    read its inputs before the caller's change)."""
+    for _ in range(2):
+        before = exporter.refreshes
+        exporter.poke("test")
+
+        async def done(before: int = before) -> bool:
+            return exporter.refreshes > before
+
+        await eventually(done, "a refresh")
+
+
+def attributes(obj: Obj) -> dict[str, str]:
+    return {a["name"]: a["value"] for a in obj.get("attributes", [])}
+
+
+def available(obj: Obj, resource: str) -> dict[str, int]:
+    """Zone name -> available amount of `resource`."""
+    return {
+        z["name"]: parse_integer_quantity(r["available"])
+        for z in obj["zones"]
+        for r in z["resources"]
+        if r["name"] == resource
+    }
+
+
+def resource_names(obj: Obj) -> list[set[str]]:
+    return [{r["name"] for r in z["resources"]} for z in obj["zones"]]
+
+
+# --- the object ---------------------------------------------------------------------------------------------
+
+
+async def test_object_is_valid_complete_and_owned_by_its_node(
+    control_plane: ControlPlane, sim_node: SimNode
+) -> None:
+    async with exporting(control_plane, sim_node) as (exporter, _):
+        obj = await published(sim_node)
+        assert obj["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": sim_node.name, "uid": sim_node.uid}
+        ]
+        assert "topologyPolicies" not in obj  # deprecated; RTE's validity check refuses it
+        attrs = attributes(obj)
+        assert attrs["topologyManagerPolicy"] == "single-numa-node"  # NodeSpec.default()'s kubelet config
+        assert attrs["topologyManagerScope"] == "container"
+        assert attrs["nodeTopologyPodsFingerprint"].startswith("pfp0v001")
+        assert attrs["nodeTopologyPodsFingerprintMethod"] in ("all", "with-exclusive-resources")
+        assert (
+            obj["metadata"]["annotations"]["topology.node.k8s.io/fingerprint"]
+            == (attrs["nodeTopologyPodsFingerprint"])
+        )
+        assert [z["name"] for z in obj["zones"]] == ["node-0", "node-1"]
+        for zone in obj["zones"]:
+            assert zone["type"] == "Node"
+            assert {c["name"]: c["value"] for c in zone["costs"]}[zone["name"]] == 10
+            assert len(zone["costs"]) == 2
+            names = [r["name"] for r in zone["resources"]]
+            assert names == sorted(names)
+            assert {"cpu", "memory", "hugepages-2Mi", "hugepages-1Gi", CACHE_WAYS_RESOURCE} <= set(names)
+            for r in zone["resources"]:
+                amounts = [parse_integer_quantity(r[k]) for k in ("capacity", "allocatable", "available")]
+                assert amounts[0] >= amounts[1] >= amounts[2] >= 0, (zone["name"], r)
+        cpu = {z["name"]: next(r for r in z["resources"] if r["name"] == "cpu") for z in obj["zones"]}
+        assert cpu["node-0"] == {"name": "cpu", "capacity": "32", "allocatable": "31", "available": "31"}
+        assert cpu["node-1"] == {"name": "cpu", "capacity": "32", "allocatable": "32", "available": "32"}
+        # The CRD kept every field as written (nothing pruned, Strict validation accepted it).
+        assert exporter.last_topology is not None
+        assert {k: obj[k] for k in ("zones", "attributes")} == exporter.last_topology.content()
+
+
+async def test_deleting_the_node_garbage_collects_the_object(
+    control_plane: ControlPlane, sim_node: SimNode
+) -> None:
+    async with exporting(control_plane, sim_node, nrt_resync_seconds=600.0):
+        await published(sim_node)
+        await asyncio.to_thread(client.CoreV1Api(sim_node.api).delete_node, sim_node.name)
+
+        async def gone() -> bool:
+            return await sim_node.nrt() is None
+
+        await eventually(gone, "garbage collection of the NodeResourceTopology", within=60.0)
+
+
+# --- pods -------------------------------------------------------------------------------------------------
+
+
+async def test_shared_and_fractional_pods_change_nothing(
+    control_plane: ControlPlane, sim_node: SimNode
+) -> None:
+    async with exporting(control_plane, sim_node) as (exporter, kubelet):
+        before = await published(sim_node)
+        writes = exporter.publisher.writes if exporter.publisher else -1
+        kubelet.add_pod("e2e", "best-effort", "uid-be", [ContainerSpec("c")])
+        kubelet.add_pod("e2e", "burstable", "uid-bu", [ContainerSpec("c", "1", "2", "1Gi", "2Gi")])
+        kubelet.add_pod("e2e", "half-cpu", "uid-half", [ContainerSpec("c", "500m", "500m", "1Gi", "1Gi")])
+        await settled(exporter)
+        after = await sim_node.nrt()
+        assert after is not None
+        assert available(after, "cpu") == available(before, "cpu") == {"node-0": 31, "node-1": 32}
+        assert after["zones"] == before["zones"]
+        assert attributes(after) == attributes(before)  # with-exclusive-resources: these pods do not count
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # no write
+        assert exporter.publisher is not None and exporter.publisher.writes == writes
+
+
+async def test_exclusive_pod_lowers_available_and_its_deletion_restores_it(
+    control_plane: ControlPlane, sim_node: SimNode
+) -> None:
+    async with exporting(control_plane, sim_node, **WATCH_ONLY) as (_, kubelet):
+        before = await published(sim_node)
+        initial_cpu, initial_pfp = available(before, "cpu"), attributes(before)["nodeTopologyPodsFingerprint"]
+        kubelet.add_pod("e2e", "pinned", "uid-pinned", [ContainerSpec("c", "2", "2", "1Gi", "1Gi")])
+        pinned = kubelet.pods[0].cpus["c"]
+
+        async def lowered() -> Obj | None:
+            obj = await sim_node.nrt()
+            return (
+                obj if obj and sum(available(obj, "cpu").values()) == sum(initial_cpu.values()) - 2 else None
+            )
+
+        during = await eventually(lowered, "available cpu to drop by 2")
+        zone = f"node-{kubelet.topology.cpu(min(pinned)).numa}"
+        assert available(during, "cpu")[zone] == initial_cpu[zone] - 2
+        assert attributes(during)["nodeTopologyPodsFingerprint"] != initial_pfp
+
+        kubelet.remove_pod("uid-pinned")
+
+        async def restored() -> Obj | None:
+            obj = await sim_node.nrt()
+            return obj if obj and available(obj, "cpu") == initial_cpu else None
+
+        after = await eventually(restored, "available cpu to come back")
+        assert attributes(after)["nodeTopologyPodsFingerprint"] == initial_pfp  # the same pod set again
+
+
+async def test_fingerprint_is_stable_while_pods_do_not_change(
+    control_plane: ControlPlane, sim_node: SimNode
+) -> None:
+    async with exporting(control_plane, sim_node) as (exporter, kubelet):
+        kubelet.add_pod("e2e", "pinned", "uid-pinned", [ContainerSpec("c", "1", "1", "1Gi", "1Gi")])
+        await settled(exporter)
+        first = await sim_node.nrt()
+        assert first is not None
+        start = exporter.refreshes
+
+        async def three_resyncs() -> bool:
+            return exporter.refreshes >= start + 3
+
+        await eventually(three_resyncs, "three periodic refreshes")
+        later = await sim_node.nrt()
+        assert later is not None
+        assert (
+            attributes(later)["nodeTopologyPodsFingerprint"]
+            == attributes(first)["nodeTopologyPodsFingerprint"]
+        )
+        assert later["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+
+
+# --- object lifecycle and configuration ----------------------------------------------------------------
+
+
+async def test_deleted_object_is_recreated(control_plane: ControlPlane, sim_node: SimNode) -> None:
+    async with exporting(control_plane, sim_node):
+        first = await published(sim_node)
+        await sim_node.delete_nrt()
+
+        async def recreated() -> Obj | None:
+            obj = await sim_node.nrt()
+            return obj if obj and obj["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+        again = await eventually(recreated, "the NodeResourceTopology to be recreated")
+        assert again["zones"] == first["zones"]
+
+
+async def test_excluded_memory_is_not_published(control_plane: ControlPlane, sim_node: SimNode) -> None:
+    async with exporting(control_plane, sim_node, nrt_exclude=("memory",)):
+        obj = await published(sim_node)
+        for names in resource_names(obj):
+            assert "memory" not in names
+            assert {"cpu", "hugepages-2Mi"} <= names
+
+
+async def test_devices_and_cache_ways_follow_allocations(
+    control_plane: ControlPlane, sim_node: SimNode
+) -> None:
+    guaranteed_used = {0: 0, 1: 0}
+    spec = NodeSpec.default()
+
+    async def l3_provider() -> list[CacheWays]:
+        # What the engine would report: 6 guaranteed ways per L3 (one per socket), some in use.
+        return [
+            CacheWays(s, frozenset(spec.cpus_of_socket(s)), spec.l3_ways, 6, 6 - guaranteed_used[s])
+            for s in range(spec.sockets)
+        ]
+
+    nics = {"example.com/nic": [Device("nic0", 0), Device("nic1", 1)]}
+    async with exporting(control_plane, sim_node, devices=nics, l3_provider=l3_provider) as (
+        exporter,
+        kubelet,
+    ):
+        before = await published(sim_node)
+        assert available(before, "example.com/nic") == {"node-0": 1, "node-1": 1}
+        assert available(before, CACHE_WAYS_RESOURCE) == {"node-0": 6, "node-1": 6}
+
+        kubelet.add_pod(
+            "e2e", "nic-user", "uid-nic", [ContainerSpec("c", "1", "1", "1Gi", "1Gi", {"example.com/nic": 1})]
+        )
+        nic_zone = f"node-{kubelet.pods[0].devices['c']['example.com/nic'][0].numa}"
+        guaranteed_used[1] = 4
+        exporter.poke("cache allocation changed")
+
+        async def updated() -> Obj | None:
+            obj = await sim_node.nrt()
+            ok = (
+                obj
+                and available(obj, "example.com/nic")[nic_zone] == 0
+                and available(obj, CACHE_WAYS_RESOURCE)["node-1"] == 2
+            )
+            return obj if ok else None
+
+        after = await eventually(updated, "devices and cache ways to be taken")
+        assert available(after, CACHE_WAYS_RESOURCE)["node-0"] == 6

@@ -1,0 +1,184 @@
+"""The exporter's loop (rmd_agent.nrt.exporter): coalescing, the write-rate bound, periodic verification,
+retry after failure, and configuration checks. PodResources and the API are faked here; the real ones are
+exercised in tests/e2e/test_nrt.py."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmd_agent.engine_api import CacheDomainSummary, NodeSummary
+from rmd_agent.errors import ConfigError
+from rmd_agent.hostfs import HostFS
+from rmd_agent.kubelet.podresources import AllocatableResources, PodResources
+from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider, sysfs_l3_provider
+from rmd_agent.nrt.zones import CacheWays, NodeTopology
+from rmd_agent.settings import AgentSettings
+
+
+class FakeKubelet:
+    async def get_allocatable(self) -> AllocatableResources:
+        return AllocatableResources(frozenset({0, 1}))
+
+    async def list(self) -> list[PodResources]:
+        return []
+
+
+class FakePublisher:
+    """Records each publish (monotonic time, verify); fails the first `failures` calls."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.calls: list[tuple[float, bool]] = []
+        self.failures = failures
+
+    async def publish(self, topology: NodeTopology, annotations: Mapping[str, str], *, verify: bool) -> str:
+        self.calls.append((time.monotonic(), verify))
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("API server unavailable")
+        return "unchanged"
+
+
+@pytest.fixture
+def host(make_tree: Callable[[Mapping[str, str]], Path]) -> Path:
+    return make_tree(
+        {
+            "sys/devices/system/node/node0/cpulist": "0-1\n",
+            "sys/devices/system/node/node0/meminfo": "Node 0 MemTotal:  1048576 kB\n",
+            "sys/devices/system/node/node0/distance": "10\n",
+        }
+    )
+
+
+def exporter(host: Path, **settings: Any) -> NrtExporter:
+    return NrtExporter(
+        AgentSettings(node_name="n1", host_root=host, **settings), api_client_factory=lambda: None
+    )
+
+
+async def until(condition: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def run_loop(exp: NrtExporter, publisher: FakePublisher) -> asyncio.Task[None]:
+    return asyncio.create_task(exp._loop(FakeKubelet(), publisher))  # type: ignore[arg-type]
+
+
+async def stop(exp: NrtExporter, task: asyncio.Task[None]) -> None:
+    exp.stop()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_burst_of_triggers_is_one_refresh_after_the_interval(host: Path) -> None:
+    exp = exporter(host, nrt_min_write_interval_seconds=0.3, nrt_resync_seconds=600.0)
+    publisher = FakePublisher()
+    task = await run_loop(exp, publisher)
+    try:
+        await until(lambda: len(publisher.calls) == 1)
+        for _ in range(20):
+            exp.poke("burst")
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.8)
+    finally:
+        await stop(exp, task)
+    assert [verify for _, verify in publisher.calls] == [True, False]  # start verifies, the burst does not
+    assert publisher.calls[1][0] - publisher.calls[0][0] >= 0.3 - 0.01
+
+
+async def test_refreshes_are_never_closer_than_the_interval(host: Path) -> None:
+    exp = exporter(host, nrt_min_write_interval_seconds=0.1, nrt_resync_seconds=600.0)
+    publisher = FakePublisher()
+    task = await run_loop(exp, publisher)
+    try:
+        deadline = time.monotonic() + 0.7
+        while time.monotonic() < deadline:
+            exp.poke("storm")
+            await asyncio.sleep(0.003)
+    finally:
+        await stop(exp, task)
+    times = [t for t, _ in publisher.calls]
+    assert 3 <= len(times) <= 8
+    assert all(b - a >= 0.1 - 0.01 for a, b in itertools.pairwise(times))
+
+
+async def test_resync_verifies_periodically_without_triggers(host: Path) -> None:
+    exp = exporter(host, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=0.2)
+    publisher = FakePublisher()
+    task = await run_loop(exp, publisher)
+    try:
+        await until(lambda: len(publisher.calls) >= 4)
+    finally:
+        await stop(exp, task)
+    assert all(verify for _, verify in publisher.calls)
+
+
+async def test_a_failed_refresh_is_retried_and_verified(host: Path) -> None:
+    exp = exporter(host, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=600.0)
+    publisher = FakePublisher(failures=1)
+    task = await run_loop(exp, publisher)
+    try:
+        await until(lambda: len(publisher.calls) >= 2)
+    finally:
+        await stop(exp, task)
+    assert exp.failures == 1 and exp.last_outcome == "unchanged"
+    assert publisher.calls[1][1] is True
+    assert publisher.calls[1][0] - publisher.calls[0][0] >= 1.0 - 0.01  # backoff
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"node_name": ""}, "node_name is required"),
+        ({"nrt_pods_fingerprint_method": "some"}, "nrt_pods_fingerprint_method"),
+        ({"nrt_resync_seconds": 0.0}, "nrt_resync_seconds must be positive"),
+        ({"nrt_min_write_interval_seconds": -1.0}, "must not be negative"),
+    ],
+)
+def test_bad_settings_are_refused(host: Path, settings: dict[str, Any], message: str) -> None:
+    values = {"node_name": "n1", "host_root": host, **settings}
+    with pytest.raises(ConfigError, match=message):
+        NrtExporter(AgentSettings(**values), api_client_factory=lambda: None)
+
+
+class FakeEngine:
+    def __init__(self, caches: tuple[CacheDomainSummary, ...]) -> None:
+        self.caches = caches
+
+    async def node(self) -> NodeSummary:
+        return NodeSummary("n1", {}, 4, 2, self.caches, 16, 1, 0)
+
+
+async def test_engine_provider_reports_free_guaranteed_ways_and_skips_domains_without_a_pool() -> None:
+    engine = FakeEngine(
+        (
+            CacheDomainSummary(0, frozenset({0, 1}), 11, {"guaranteed": 3, "besteffort": 2, "shared": 2}),
+            CacheDomainSummary(1, frozenset({2, 3}), 11, {}),  # no cache allocation on this domain
+        )
+    )
+    assert await engine_l3_provider(engine)() == [CacheWays(0, frozenset({0, 1}), 11, 11, 3)]  # type: ignore[arg-type]
+
+
+async def test_sysfs_provider_reports_every_way_free(make_tree: Callable[[Mapping[str, str]], Path]) -> None:
+    cache = "sys/devices/system/cpu/cpu{}/cache/index3/"
+    files = {"sys/devices/system/cpu/online": "0-1\n"}
+    for cpu in (0, 1):
+        base = cache.format(cpu)
+        files |= {
+            base + "level": "3\n",
+            base + "id": "0\n",
+            base + "shared_cpu_list": "0-1\n",
+            base + "ways_of_associativity": "12\n",
+            base + "size": "16384K\n",
+        }
+    assert await sysfs_l3_provider(HostFS(make_tree(files)))() == [
+        CacheWays(0, frozenset({0, 1}), 12, 12, 12)
+    ]

@@ -1,0 +1,152 @@
+"""Refresh triggers (rmd_agent.nrt.triggers): kubelet state files replaced by rename, directories that appear
+later, the polling fallback, PodResources answers compared by content, and coalescing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from rmd_agent.errors import KubeletUnavailable
+from rmd_agent.kubelet.podresources import ContainerResources, PodResources
+from rmd_agent.nrt import triggers
+from rmd_agent.nrt.triggers import RefreshTrigger, poll_pod_resources, watch_kubelet_state
+from rmd_sim.kubelet import write_atomically
+
+POLL = 0.05
+NO_POLL = 3600.0  # an interval no test waits for: what fires then came from inotify
+
+
+async def fired(trigger: RefreshTrigger, within: float = 5.0) -> frozenset[str]:
+    reasons = await trigger.wait(within)
+    assert reasons, f"nothing fired within {within}s"
+    return reasons
+
+
+async def quiet(trigger: RefreshTrigger, within: float = 0.3) -> None:
+    assert await trigger.wait(within) == frozenset()
+
+
+@pytest.fixture
+async def watching(tmp_path: Path) -> AsyncIterator[tuple[Path, RefreshTrigger]]:
+    kubelet = tmp_path / "var/lib/kubelet"
+    kubelet.mkdir(parents=True)
+    trigger = RefreshTrigger()
+    task = asyncio.create_task(watch_kubelet_state(kubelet, trigger, NO_POLL))
+    await asyncio.sleep(0.1)  # let the watches be set up
+    trigger.take()
+    yield kubelet, trigger
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_state_file_replaced_by_rename_fires(watching: tuple[Path, RefreshTrigger]) -> None:
+    kubelet, trigger = watching
+    write_atomically(kubelet / "cpu_manager_state", '{"policyName":"static"}')
+    assert "kubelet-state:cpu_manager_state" in await fired(trigger)
+    (kubelet / "unrelated").write_text("x")
+    write_atomically(kubelet / "config.yaml", "kind: KubeletConfiguration\n")
+    await quiet(trigger)
+    (kubelet / "memory_manager_state").write_text("{}")  # written in place: close-write
+    assert "kubelet-state:memory_manager_state" in await fired(trigger)
+
+
+async def test_the_device_plugin_directory_is_watched_once_it_appears(
+    watching: tuple[Path, RefreshTrigger],
+) -> None:
+    kubelet, trigger = watching
+    (kubelet / "device-plugins").mkdir()
+    await fired(trigger)  # the layout changed; watches are rebuilt
+    await asyncio.sleep(0.1)
+    trigger.take()
+    write_atomically(kubelet / "device-plugins/kubelet_internal_checkpoint", "{}")
+    assert "kubelet-state:kubelet_internal_checkpoint" in await fired(trigger)
+
+
+async def test_without_inotify_the_files_are_polled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def no_inotify() -> None:
+        raise triggers.InotifyUnavailable("not here")
+
+    monkeypatch.setattr(triggers, "_Inotify", no_inotify)
+    trigger = RefreshTrigger()
+    task = asyncio.create_task(watch_kubelet_state(tmp_path, trigger, POLL))
+    try:
+        await asyncio.sleep(3 * POLL)
+        write_atomically(tmp_path / "cpu_manager_state", "{}")
+        assert "kubelet-state:cpu_manager_state" in await fired(trigger)
+        await quiet(trigger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_missing_kubelet_directory_is_waited_for(tmp_path: Path) -> None:
+    kubelet = tmp_path / "kubelet"
+    trigger = RefreshTrigger()
+    task = asyncio.create_task(watch_kubelet_state(kubelet, trigger, POLL))
+    try:
+        await quiet(trigger, 3 * POLL)
+        kubelet.mkdir()
+        write_atomically(kubelet / "cpu_manager_state", "{}")
+        await fired(trigger)
+        await asyncio.sleep(0.2)
+        trigger.take()
+        write_atomically(kubelet / "cpu_manager_state", '{"x": 1}')
+        assert "kubelet-state:cpu_manager_state" in await fired(trigger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def pods(*names: str, cpus: frozenset[int] = frozenset()) -> list[PodResources]:
+    return [PodResources("ns", n, (ContainerResources("c", cpus),)) for n in names]
+
+
+def scripted(answers: list[list[PodResources] | Exception]) -> Callable[[], object]:
+    """A List function answering from `answers`, repeating the last one."""
+
+    async def list_pods() -> list[PodResources]:
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return list_pods
+
+
+async def test_pod_resources_changes_fire_and_equal_answers_do_not() -> None:
+    trigger = RefreshTrigger()
+    answers: list[list[PodResources] | Exception] = [
+        pods("a", "b"),
+        list(reversed(pods("a", "b"))),  # same content, other order
+        pods("a", "b", cpus=frozenset({1})),
+    ]
+    task = asyncio.create_task(poll_pod_resources(scripted(answers), trigger, POLL))  # type: ignore[arg-type]
+    try:
+        assert await fired(trigger) == {"podresources"}
+        await quiet(trigger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_pod_resources_outage_is_survived_and_recovery_fires() -> None:
+    trigger = RefreshTrigger()
+    answers: list[list[PodResources] | Exception] = [pods("a"), KubeletUnavailable("down"), pods("a")]
+    task = asyncio.create_task(poll_pod_resources(scripted(answers), trigger, POLL))  # type: ignore[arg-type]
+    try:
+        assert await fired(trigger) == {"podresources:recovered"}
+        await quiet(trigger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_reasons_fired_meanwhile_are_taken_together() -> None:
+    trigger = RefreshTrigger()
+    for reason in ("a", "b", "a"):
+        trigger.fire(reason)
+    assert await trigger.wait(0) == {"a", "b"}
+    assert await trigger.wait(0.01) == frozenset()
