@@ -209,11 +209,15 @@ def run(calls: int, engine: str) -> dict[str, Any]:
         "allowed_clients": CLIENT_IDENTITY,
         "log_level": "warning",
     }
+    mount = None
     if engine == "real":
         from rmd_sim.hosttree import write_host_tree
+        from rmd_sim.resctrl_fuse import ResctrlMount
         from rmd_sim.spec import load_spec
 
         write_host_tree(load_spec("default"), work / "host")
+        mount = ResctrlMount(work / "host")  # the agent needs a kernel-like resctrl, not plain files
+        mount.start()
         settings["host_root"] = str(work / "host")
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
         command = [sys.executable, "-m", "rmd_agent", "serve", *flags]
@@ -230,6 +234,8 @@ def run(calls: int, engine: str) -> dict[str, Any]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if mount is not None:
+            mount.stop()
     base = figures[0]
     return {
         "engine": engine,
