@@ -1,0 +1,188 @@
+"""Energy attribution. Pure: numbers in, numbers out, no I/O.
+
+Per interval and RAPL zone (docs/power.md has the reasoning):
+
+    busy ratio r   = node busy CPU time / node CPU time            (from /proc/stat)
+    active         = zone energy * r              idle = zone energy - active
+    pod i          = active * cpu_i / max(busy CPU time, Σ cpu)   (cgroup CPU time of the pod)
+    system         = active - Σ pods              (processes outside pods: kubelet, runtime, kernel, …)
+    container j    = pod i * cpu_j / max(cpu_i, Σ cpu of the pod's containers)
+
+so idle + system + Σ pods is the zone's energy, and a pod's containers add up to the pod when the caller
+lists the pod's own remainder (sandbox, conmon) as a container too. Using max(…) in the denominators keeps
+the parts inside the whole when readings taken a few microseconds apart disagree slightly.
+Remainders are clamped at zero: a counter must never go down, and the clamp only ever drops rounding noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class ZoneKey:
+    """A node zone: kind ("package", "dram", …) and socket ("0", "1", …; "" for the platform's psys)."""
+
+    kind: str
+    socket: str
+
+
+@dataclass(frozen=True)
+class CpuDeltas:
+    """CPU time (seconds, summed over CPUs) spent during one interval."""
+
+    busy: float  # node busy time: everything but idle and iowait
+    total: float  # node time: busy + idle + iowait
+    pods: Mapping[str, float] = field(default_factory=dict)  # pod uid -> CPU time of the pod cgroup
+    containers: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # uid -> container -> time
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Fractions computed once per interval and applied to every zone."""
+
+    busy_ratio: float
+    pods: Mapping[str, float]  # fraction of the active energy
+    containers: Mapping[str, Mapping[str, float]]  # fraction of the pod's energy
+
+
+def busy_ratio(busy: float, total: float) -> float:
+    if total <= 0 or busy <= 0:
+        return 0.0
+    return min(1.0, busy / total)
+
+
+def cpu_shares(cpu: CpuDeltas) -> Shares:
+    pod_cpu = {uid: max(0.0, t) for uid, t in cpu.pods.items()}
+    denominator = max(cpu.busy, math.fsum(pod_cpu.values()))
+    pods = {uid: (t / denominator if denominator > 0 else 0.0) for uid, t in pod_cpu.items()}
+    containers: dict[str, dict[str, float]] = {}
+    for uid, parts in cpu.containers.items():
+        if uid not in pod_cpu:
+            continue
+        part_cpu = {name: max(0.0, t) for name, t in parts.items()}
+        whole = max(pod_cpu[uid], math.fsum(part_cpu.values()))
+        containers[uid] = {name: (t / whole if whole > 0 else 0.0) for name, t in part_cpu.items()}
+    return Shares(busy_ratio(cpu.busy, cpu.total), pods, containers)
+
+
+@dataclass(frozen=True)
+class ZoneSplit:
+    """One zone's energy for one interval, in joules."""
+
+    energy: float
+    active: float
+    idle: float
+    system: float
+    pods: Mapping[str, float]
+    containers: Mapping[str, Mapping[str, float]]
+
+
+def split_energy(energy: float, shares: Shares) -> ZoneSplit:
+    energy = max(0.0, energy)
+    active = energy * shares.busy_ratio
+    pods = {uid: active * fraction for uid, fraction in shares.pods.items()}
+    containers = {
+        uid: {name: pods[uid] * fraction for name, fraction in parts.items()}
+        for uid, parts in shares.containers.items()
+    }
+    system = max(0.0, active - math.fsum(pods.values()))
+    return ZoneSplit(energy, active, energy - active, system, pods, containers)
+
+
+@dataclass
+class NodeZoneTotals:
+    energy: float = 0.0
+    active: float = 0.0
+    idle: float = 0.0
+
+
+@dataclass(frozen=True)
+class IntervalPower:
+    """Watts over the last interval (energy / seconds); empty before the first interval."""
+
+    node: Mapping[ZoneKey, NodeZoneTotals]  # energy, active and idle fields hold watts here
+    pods: Mapping[str, Mapping[str, float]]  # uid -> kind -> W
+    containers: Mapping[tuple[str, str], Mapping[str, float]]  # (uid, container) -> kind -> W
+    system: Mapping[str, float]  # kind -> W
+    busy_ratio: float
+
+
+def _add(target: dict[str, float], kind: str, joules: float) -> None:
+    target[kind] = target.get(kind, 0.0) + joules
+
+
+class EnergyLedger:
+    """Cumulative joules since the agent started, per node zone, pod, container and the system bucket.
+
+    Node zones stay per socket; pods, containers and the system bucket are per zone kind, summed over
+    sockets, because cgroups do not say on which socket a pod's CPU time was spent.
+    """
+
+    def __init__(self) -> None:
+        self.node: dict[ZoneKey, NodeZoneTotals] = {}
+        self.pods: dict[str, dict[str, float]] = {}
+        self.containers: dict[tuple[str, str], dict[str, float]] = {}
+        self.system: dict[str, float] = {}
+        self.power = IntervalPower({}, {}, {}, {}, 0.0)
+
+    def track(self, pods: Iterable[str], containers: Iterable[tuple[str, str]], kinds: Iterable[str]) -> None:
+        """Start counters at zero for pods and containers present now, so idle ones are exported too."""
+        kind_list = list(kinds)
+        for uid in pods:
+            entry = self.pods.setdefault(uid, {})
+            for kind in kind_list:
+                entry.setdefault(kind, 0.0)
+        for key in containers:
+            entry = self.containers.setdefault(key, {})
+            for kind in kind_list:
+                entry.setdefault(kind, 0.0)
+
+    def record(self, seconds: float, zone_energy: Mapping[ZoneKey, float], cpu: CpuDeltas) -> Shares:
+        """Add one interval: `zone_energy` in joules per node zone, `cpu` the interval's CPU time."""
+        shares = cpu_shares(cpu)
+        by_kind: dict[str, float] = {}
+        node_power: dict[ZoneKey, NodeZoneTotals] = {}
+        for key, joules in zone_energy.items():
+            joules = max(0.0, joules)
+            active = joules * shares.busy_ratio
+            totals = self.node.setdefault(key, NodeZoneTotals())
+            totals.energy += joules
+            totals.active += active
+            totals.idle += joules - active
+            by_kind[key.kind] = by_kind.get(key.kind, 0.0) + joules
+            if seconds > 0:
+                node_power[key] = NodeZoneTotals(
+                    joules / seconds, active / seconds, (joules - active) / seconds
+                )
+        pod_power: dict[str, dict[str, float]] = {}
+        container_power: dict[tuple[str, str], dict[str, float]] = {}
+        system_power: dict[str, float] = {}
+        self.track(cpu.pods, ((u, n) for u, parts in cpu.containers.items() for n in parts), by_kind)
+        for kind, joules in by_kind.items():
+            split = split_energy(joules, shares)
+            _add(self.system, kind, split.system)
+            for uid, pod_joules in split.pods.items():
+                _add(self.pods[uid], kind, pod_joules)
+                if seconds > 0:
+                    pod_power.setdefault(uid, {})[kind] = pod_joules / seconds
+            for uid, parts in split.containers.items():
+                for name, part_joules in parts.items():
+                    _add(self.containers[(uid, name)], kind, part_joules)
+                    if seconds > 0:
+                        container_power.setdefault((uid, name), {})[kind] = part_joules / seconds
+            if seconds > 0:
+                system_power[kind] = split.system / seconds
+        self.power = IntervalPower(node_power, pod_power, container_power, system_power, shares.busy_ratio)
+        return shares
+
+    def forget_pod(self, uid: str) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """Drop a pod's counters; returns its final totals (per kind, and per container per kind)."""
+        pod = self.pods.pop(uid, {})
+        containers = {name: self.containers.pop((u, name)) for u, name in list(self.containers) if u == uid}
+        return pod, containers
+
+    def forget_container(self, uid: str, name: str) -> None:
+        self.containers.pop((uid, name), None)

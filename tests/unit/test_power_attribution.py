@@ -1,0 +1,359 @@
+"""Energy attribution: conservation to floating-point precision (property tests on the pure model), and the
+sampler on simulated nodes under simulated load matching the load's exact expected figures."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import Collection
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rmd_agent.hostfs import HostFS
+from rmd_agent.metrics import catalog
+from rmd_agent.metrics.power_collector import PowerCollector
+from rmd_agent.power.attribution import CpuDeltas, EnergyLedger, ZoneKey, cpu_shares, split_energy
+from rmd_agent.power.pod_meta import PodMeta
+from rmd_agent.power.sampler import POD_OVERHEAD, PowerSampler, PowerSnapshot
+from rmd_sim.hosttree import write_host_tree
+from rmd_sim.load import SimLoad
+from rmd_sim.spec import NodeSpec
+
+# --- the pure model ---
+
+seconds = st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=False)
+joules = st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def cpu_deltas(draw: st.DrawFn) -> CpuDeltas:
+    uids = draw(st.lists(st.uuids().map(str), max_size=8, unique=True))
+    pods = {u: draw(seconds) for u in uids}
+    containers = {
+        u: draw(st.dictionaries(st.sampled_from(["", "app", "sidecar", "init"]), seconds, max_size=4))
+        for u in uids
+        if draw(st.booleans())
+    }
+    busy = draw(seconds)
+    total = busy + draw(seconds)
+    return CpuDeltas(busy, total, pods, containers)
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9)
+
+
+@given(joules, cpu_deltas())
+def test_parts_add_up_to_the_zone(energy: float, cpu: CpuDeltas) -> None:
+    split = split_energy(energy, cpu_shares(cpu))
+    assert close(math.fsum([split.idle, split.system, *split.pods.values()]), energy)
+    assert close(split.active + split.idle, energy)
+    assert min([split.idle, split.system, split.active, *split.pods.values()], default=0) >= 0
+    for uid, parts in split.containers.items():
+        assert all(v >= 0 for v in parts.values())
+        assert math.fsum(parts.values()) <= split.pods[uid] * (1 + 1e-12) + 1e-12
+        if math.fsum(cpu.containers[uid].values()) >= cpu.pods[uid]:
+            assert close(math.fsum(parts.values()), split.pods[uid])
+
+
+@given(st.lists(st.tuples(joules, cpu_deltas()), min_size=1, max_size=10))
+def test_ledger_conserves_over_intervals(intervals: list[tuple[float, CpuDeltas]]) -> None:
+    ledger = EnergyLedger()
+    for energy, cpu in intervals:
+        # two sockets, the energy split unevenly between them
+        ledger.record(
+            5.0, {ZoneKey("package", "0"): energy * 0.7, ZoneKey("package", "1"): energy * 0.3}, cpu
+        )
+    node = math.fsum(t.energy for t in ledger.node.values())
+    idle = math.fsum(t.idle for t in ledger.node.values())
+    pods = math.fsum(p.get("package", 0.0) for p in ledger.pods.values())
+    assert math.isclose(idle + ledger.system.get("package", 0.0) + pods, node, rel_tol=1e-9, abs_tol=1e-6)
+    assert math.isclose(math.fsum(e for e, _ in intervals), node, rel_tol=1e-12, abs_tol=1e-6)
+
+
+def test_pods_share_by_cpu_time() -> None:
+    cpu = CpuDeltas(busy=10.0, total=40.0, pods={"a": 2.0, "b": 6.0})
+    split = split_energy(400.0, cpu_shares(cpu))
+    assert split.active == pytest.approx(100.0)  # 400 J * 10/40 busy
+    assert split.idle == pytest.approx(300.0)
+    assert split.pods == {"a": pytest.approx(20.0), "b": pytest.approx(60.0)}
+    assert split.system == pytest.approx(20.0)  # the 2 CPU-seconds no pod accounts for
+
+
+def test_pods_reading_more_than_the_node_share_all_active_energy() -> None:
+    """cgroup and /proc/stat are read microseconds apart; the pods may seem to exceed the node."""
+    split = split_energy(100.0, cpu_shares(CpuDeltas(busy=4.0, total=8.0, pods={"a": 3.0, "b": 3.0})))
+    assert split.system == 0.0
+    assert math.fsum(split.pods.values()) == pytest.approx(split.active)
+    assert split.pods["a"] == pytest.approx(split.pods["b"])
+
+
+def test_nothing_to_split() -> None:
+    split = split_energy(50.0, cpu_shares(CpuDeltas(busy=0.0, total=0.0, pods={"a": 0.0})))
+    assert (split.active, split.idle, split.system, split.pods["a"]) == (0.0, 50.0, 0.0, 0.0)
+
+
+# --- the sampler on a simulated node ---
+
+
+class Node:
+    """A simulated node under load with a sampler on simulated time."""
+
+    def __init__(self, root: Path, **spec: object) -> None:
+        spec = {"cores_per_socket": 4, **spec}  # 16 CPUs: small trees keep the tests fast
+        write_host_tree(NodeSpec(**spec), root)  # type: ignore[arg-type]
+        self.load = SimLoad(root)
+        self.sampler = PowerSampler(HostFS(root), clock=lambda: self.load.now, meta_grace_seconds=30)
+
+    def run(self, seconds: float, step: float = 5.0) -> PowerSnapshot:
+        for _ in range(round(seconds / step)):
+            self.load.advance(step)
+            self.sampler.sample()
+        return self.sampler.snapshot()
+
+
+def pod_of(snap: PowerSnapshot, uid: str) -> dict[str, float]:
+    return dict(next(p for p in snap.pods if p.uid == uid).energy_j)
+
+
+def container_of(snap: PowerSnapshot, uid: str, name: str) -> dict[str, float]:
+    return dict(next(c for c in snap.containers if c.uid == uid and c.container == name).energy_j)
+
+
+@pytest.mark.parametrize(
+    ("version", "driver"), [(2, "systemd"), (2, "cgroupfs"), (1, "systemd"), (1, "cgroupfs")]
+)
+def test_pod_energy_matches_the_model(tmp_path: Path, version: int, driver: str) -> None:
+    node = Node(
+        tmp_path, cgroup_version=version, cgroup_driver=driver, rapl_zones=("package", "core", "dram")
+    )
+    web, db, batch = (str(uuid.uuid4()) for _ in range(3))
+    node.load.add_pod("shop", "web", web, {"app": 2.0, "proxy": 0.5})
+    node.load.add_pod("shop", "db", db, {"postgres": 4.0}, qos="guaranteed", runtime="crio")
+    node.load.add_pod("jobs", "batch", batch, {"work": 1.0}, qos="besteffort", runtime="docker")
+    node.sampler.sample()  # baseline
+    snap = node.run(60.0)
+    assert snap.stats.errors == {"rapl": 0, "proc_stat": 0, "cgroup": 0, "internal": 0}
+    for uid in (web, db, batch):
+        for kind in ("package", "core", "dram"):
+            assert pod_of(snap, uid)[kind] == pytest.approx(
+                node.load.expected_pod_joules(uid, kind), rel=1e-4
+            )
+    assert container_of(snap, web, "proxy")["package"] == pytest.approx(
+        node.load.expected_container_joules(web, "proxy", "package"), rel=1e-4
+    )
+    meta = {p.uid: (p.namespace, p.name) for p in snap.pods}
+    assert meta == {web: ("shop", "web"), db: ("shop", "db"), batch: ("jobs", "batch")}
+    assert snap.system_j["package"] == pytest.approx(node.load.expected_system["package"], rel=1e-3)
+    # conservation on the real path: idle + system + pods = node energy per kind
+    for kind in ("package", "core", "dram"):
+        node_j = sum(z.energy_j for z in snap.zones if z.key.kind == kind)
+        idle_j = sum(z.idle_j for z in snap.zones if z.key.kind == kind)
+        parts = idle_j + snap.system_j[kind] + sum(p.energy_j[kind] for p in snap.pods)
+        assert parts == pytest.approx(node_j, rel=1e-12)
+        assert node_j == pytest.approx(node.load.zone_joules(kind), rel=1e-6)
+
+
+def test_power_gauges_follow_the_last_interval(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    uid = str(uuid.uuid4())
+    node.load.add_pod("a", "p", uid, {"c": 3.0})
+    node.sampler.sample()
+    node.run(10.0)
+    node.load.set_rate(uid, "c", 6.0)
+    snap = node.run(5.0)
+    pod = next(p for p in snap.pods if p.uid == uid)
+    watts = node.load.model.zone_watts("package", node.load.busy_cpus / 2) * 2 * 6.0 / node.load.spec.cpus
+    assert pod.watts["package"] == pytest.approx(watts, rel=1e-4)
+    assert snap.interval_seconds == 5.0
+
+
+def test_pods_running_before_the_agent_start_from_a_baseline(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    uid = str(uuid.uuid4())
+    node.load.add_pod("a", "old", uid, {"c": 2.0})
+    node.load.advance(100.0)  # CPU time and energy from before the agent started
+    before = node.load.expected_pod_joules(uid, "package")
+    node.sampler.sample()
+    snap = node.run(20.0)
+    assert pod_of(snap, uid)["package"] == pytest.approx(
+        node.load.expected_pod_joules(uid, "package") - before
+    )
+
+
+def test_a_pod_started_between_samples_counts_from_its_start(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.sampler.sample()
+    node.run(10.0)
+    uid = str(uuid.uuid4())
+    node.load.add_pod("a", "new", uid, {"c": 1.5})
+    snap = node.run(10.0)
+    assert pod_of(snap, uid)["package"] == pytest.approx(
+        node.load.expected_pod_joules(uid, "package"), rel=1e-4
+    )
+
+
+def test_a_restarted_container_continues_its_series(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    uid = str(uuid.uuid4())
+    node.load.add_pod("a", "p", uid, {"app": 2.0, "log": 0.25})
+    node.sampler.sample()
+    node.run(15.0)
+    node.load.restart_container(uid, "app")
+    snap = node.run(15.0)
+    names = sorted(c.container for c in snap.containers if c.uid == uid)
+    assert names == ["app", "log"]
+    assert container_of(snap, uid, "app")["package"] == pytest.approx(
+        node.load.expected_container_joules(uid, "app", "package"), rel=1e-4
+    )
+    assert pod_of(snap, uid)["package"] == pytest.approx(
+        node.load.expected_pod_joules(uid, "package"), rel=1e-4
+    )
+
+
+def scrape(registry: CollectorRegistry) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = generate_latest(registry).decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def test_terminated_pod_is_exported_once_then_dropped(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    keep, gone = str(uuid.uuid4()), str(uuid.uuid4())
+    node.load.add_pod("a", "keep", keep, {"c": 1.0})
+    node.load.add_pod("a", "gone", gone, {"c": 2.0})
+    registry = CollectorRegistry()
+    registry.register(PowerCollector(node.sampler))
+    node.sampler.sample()
+    node.run(10.0)
+    final = pod_of(node.sampler.snapshot(), gone)["package"]
+    node.load.remove_pod(gone)
+    node.run(5.0)
+
+    def gone_series(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str) -> list[float]:
+        return [
+            v for labels, v in metrics.get(name, []) if labels["uid"] == gone and labels["zone"] == "package"
+        ]
+
+    first = scrape(registry)
+    assert gone_series(first, "rmd_pod_energy_joules_total") == [pytest.approx(final)]
+    assert gone_series(first, "rmd_pod_power_watts") == []  # no power for a pod that is not running
+    assert gone_series(first, "rmd_container_energy_joules_total")  # its containers too
+    second = scrape(registry)
+    assert gone_series(second, "rmd_pod_energy_joules_total") == []
+    assert gone_series(second, "rmd_container_energy_joules_total") == []
+    node.run(5.0)
+    assert gone_series(scrape(registry), "rmd_pod_energy_joules_total") == []
+    assert any(labels["uid"] == keep for labels, _ in second["rmd_pod_energy_joules_total"])
+
+
+def test_unnamed_pods_wait_for_a_name_then_go_out_with_the_uid(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    uid = str(uuid.uuid4())
+    node.load.add_pod("a", "nolog", uid, {"c": 1.0}, logs=False)
+    node.sampler.sample()
+    assert all(p.uid != uid for p in node.run(25.0).pods)  # held back: its name may still appear
+    snap = node.run(10.0)
+    pod = next(p for p in snap.pods if p.uid == uid)
+    assert (pod.namespace, pod.name) == ("", "")
+    assert pod.energy_j["package"] == pytest.approx(node.load.expected_pod_joules(uid, "package"), rel=1e-4)
+
+
+def test_an_unreadable_pod_is_counted_not_terminated(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    uid = str(uuid.uuid4())
+    pod = node.load.add_pod("a", "p", uid, {"c": 1.0})
+    node.sampler.sample()
+    node.run(10.0)
+    stat = tmp_path / "sys/fs/cgroup" / pod.rel_dir / "cpu.stat"
+    saved = stat.read_text()
+    stat.unlink()
+    stat.mkdir()  # reading it fails the way EACCES would
+    snap = node.sampler.sample()
+    assert snap.stats.errors["cgroup"] == 1
+    assert any(p.uid == uid and not p.terminated for p in snap.pods)
+    stat.rmdir()
+    stat.write_text(saved)
+    node.load.advance(0.0)  # rewrite the counters
+    snap = node.run(10.0)
+    assert any(p.uid == uid and not p.terminated for p in snap.pods)
+
+
+class ExplodingMeta:
+    """A pod metadata source that fails: stands in for any unexpected bug inside a sample."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def refresh(self, uids: Collection[str], container_ids: Collection[str]) -> None:
+        self.calls += 1
+        raise RuntimeError("boom")
+
+    def pod(self, uid: str) -> PodMeta | None:
+        return None
+
+    def container_name(self, container_id: str) -> str | None:
+        return None
+
+
+async def test_run_never_crash_loops(tmp_path: Path) -> None:
+    write_host_tree(NodeSpec(cores_per_socket=4), tmp_path)
+    load = SimLoad(tmp_path)
+    load.add_pod("a", "p", str(uuid.uuid4()), {"c": 1.0})
+    meta = ExplodingMeta()
+    sampler = PowerSampler(HostFS(tmp_path), interval=0.01, pod_meta=meta)
+    stop = asyncio.Event()
+    task = asyncio.create_task(sampler.run(stop))
+    await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    assert meta.calls >= 5  # kept its schedule after every failure
+    assert sampler.snapshot().stats.errors["internal"] == meta.calls
+
+
+def test_collector_families_are_the_catalog(tmp_path: Path) -> None:
+    node = Node(tmp_path, rapl_zones=("package", "dram", "psys"))
+    node.load.add_pod("a", "p", str(uuid.uuid4()), {"c": 1.0, "d": 0.5}, sandbox_cpus=0.01)
+    node.sampler.sample()
+    node.run(10.0)
+    registry = CollectorRegistry()
+    registry.register(PowerCollector(node.sampler))
+    text = generate_latest(registry).decode()
+    seen = set()
+    for fam in text_string_to_metric_families(text):
+        entry = catalog.spec(fam.name + "_total" if fam.type == "counter" else fam.name)
+        assert fam.type == entry.type
+        for sample in fam.samples:
+            if not sample.name.endswith(("_bucket", "_sum", "_count")):
+                assert set(sample.labels) == set(entry.labels), sample
+        if fam.samples:
+            seen.add(entry.name)
+    wanted = {m.name for m in catalog.METRICS if m.group in ("node", "workload")}
+    assert wanted <= seen
+    sandbox = [c for c in node.sampler.snapshot().containers if c.container == POD_OVERHEAD]
+    assert sandbox and sandbox[0].energy_j["package"] > 0
+
+
+def test_an_unlistable_pod_root_terminates_nobody(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    uid = str(uuid.uuid4())
+    node.load.add_pod("a", "p", uid, {"c": 1.0})
+    node.sampler.sample()
+    before = pod_of(node.run(10.0), uid)["package"]
+    pods_root = tmp_path / "sys/fs/cgroup/kubepods.slice"
+    pods_root.rename(tmp_path / "moved")
+    snap = node.sampler.sample()
+    assert snap.stats.errors["cgroup"] == 1
+    assert any(p.uid == uid and not p.terminated for p in snap.pods)
+    (tmp_path / "moved").rename(pods_root)
+    after = pod_of(node.run(10.0), uid)["package"]
+    assert after > before  # same series, still counting
