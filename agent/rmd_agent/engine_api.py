@@ -93,3 +93,11 @@ class Engine(Protocol):
     async def ready(self) -> tuple[bool, str]:
         """Whether the engine has reconciled with the node and can serve; the reason when not."""
         ...
+
+
+class ManagedEngine(Engine, Protocol):
+    """An Engine with a lifecycle: start() reconciles with the node, close() releases what it holds."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...

@@ -114,6 +114,42 @@ class AgentSettings:
         default="with-exclusive-resources",
         metadata={"help": "pods in the pod fingerprint: with-exclusive-resources or all"},
     )
+    # -- power telemetry (docs/power.md, docs/metrics.md) --
+    power_enabled: bool = field(
+        default=True, metadata={"help": "sample RAPL energy and attribute it to pods (exported on /metrics)"}
+    )
+    power_interval_seconds: float = field(
+        default=5.0, metadata={"help": "RAPL and cgroup CPU-time sampling interval"}
+    )
+    power_containers: bool = field(
+        default=True, metadata={"help": "also export per-container energy (pods, node and system always)"}
+    )
+    rdt_metrics_interval_seconds: float = field(
+        default=15.0,
+        metadata={"help": "refresh of the per-workload cache metrics (ways, LLC occupancy, MBM)"},
+    )
+    # -- kubernetes (RmdNodeState; docs/node-state.md) --
+    kubeconfig: str = field(
+        default="", metadata={"help": "kubeconfig file for the Kubernetes API; empty: in-cluster config"}
+    )
+    node_state_enabled: bool = field(
+        default=True,
+        metadata={"help": "publish this node's RmdNodeState (endpoint, capabilities, workloads)"},
+    )
+    node_state_namespace: str = field(
+        default="default",
+        metadata={"help": "namespace of this node's RmdNodeState (also read from $POD_NAMESPACE)"},
+    )
+    advertise_address: str = field(
+        default="",
+        metadata={
+            "help": "host the operator dials for the gRPC API (also read from $POD_IP); "
+            "empty: grpc_listen's host unless it is a wildcard"
+        },
+    )
+    node_state_resync_seconds: float = field(
+        default=60.0, metadata={"help": "how often the RmdNodeState is re-read, and recreated or repaired"}
+    )
 
     def host_path(self, rel: str) -> Path:
         return self.host_root / rel.lstrip("/")
@@ -174,6 +210,10 @@ def load_settings(
     env_layer = {name: environ[f"RMD_{name.upper()}"] for name in known if f"RMD_{name.upper()}" in environ}
     if "node_name" not in env_layer and environ.get("NODE_NAME"):
         env_layer["node_name"] = environ["NODE_NAME"]
+    # What the downward API conventionally sets, as NODE_NAME above.
+    for name, variable in (("node_state_namespace", "POD_NAMESPACE"), ("advertise_address", "POD_IP")):
+        if name not in env_layer and environ.get(variable):
+            env_layer[name] = environ[variable]
     layers.append(env_layer)
     layers.append({k: v for k, v in (flags or {}).items() if v is not None})
     values: dict[str, Any] = {}

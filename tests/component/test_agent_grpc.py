@@ -596,7 +596,7 @@ def test_cli_refuses_to_serve_without_its_certificate(tmp_path: Path) -> None:
 
 
 def test_docs_describe_every_setting() -> None:
-    doc = (Path(__file__).parents[2] / "docs" / "agent.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     for f in dataclasses.fields(AgentSettings):
         flag, variable = "--" + f.name.replace("_", "-"), "RMD_" + f.name.upper()
         assert f"| `{f.name}` | `{flag}` | `{variable}` |" in doc, f.name

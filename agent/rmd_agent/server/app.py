@@ -16,7 +16,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # absent from grpc-stubs
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from rmd_agent.engine_api import Engine
+from rmd_agent.engine_api import ManagedEngine
 from rmd_agent.errors import ConfigError
 from rmd_agent.server.grpc_service import AgentInterceptor, AgentService
 from rmd_agent.server.http_endpoints import HealthHttpServer, split_host_port
@@ -46,14 +46,6 @@ _GRPC_OPTIONS = [
     # traffic silently; without it the second one fails to bind.
     ("grpc.so_reuseport", 0),
 ]
-
-
-class ManagedEngine(Engine, Protocol):
-    """An Engine with a lifecycle: start() reconciles with the node, close() releases what it holds."""
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
 
 
 EngineFactory = Callable[[AgentSettings], ManagedEngine]
@@ -217,10 +209,13 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (or `stop` is set)."""
+    from rmd_agent.companions import Companions
+
     check_serve_settings(settings)
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
-    server = AgentServer(settings, engine_factory(settings), registry)
+    companions = Companions(settings, engine_factory(settings), registry)
+    server = AgentServer(settings, companions.engine, registry)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT)
@@ -229,9 +224,11 @@ async def serve(
     try:
         await server.start()
         try:
+            await companions.start(server.grpc_port)
             await stop.wait()
             log.info("stopping: draining gRPC calls for up to %gs", settings.shutdown_grace_seconds)
         finally:
+            await companions.stop()
             await server.stop()
     finally:
         for sig in signals:

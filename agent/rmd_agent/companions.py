@@ -1,0 +1,151 @@
+"""The agent's long-running tasks beside its gRPC API, each optional: power sampling and the cache metrics
+(Prometheus), the NodeResourceTopology export and the RmdNodeState (Kubernetes API).
+
+They learn about workload changes through `NotifyingEngine`, which wraps the engine the gRPC service calls.
+Without a Kubernetes API (no kubeconfig and not in a pod) the Kubernetes tasks are skipped with a warning,
+so the agent still enforces workloads and serves metrics; a kubeconfig that is set but unusable is an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, ManagedEngine, NodeSummary
+from rmd_agent.hostfs import HostFS
+from rmd_agent.settings import AgentSettings
+from rmd_agent.workload import Workload
+
+log = logging.getLogger(__name__)
+
+
+class NotifyingEngine:
+    """An engine that calls `on_change()` after every apply or remove that changed the node."""
+
+    def __init__(self, engine: ManagedEngine, on_change: Callable[[], None]) -> None:
+        self.inner = engine
+        self.on_change = on_change
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def apply(self, workload: Workload) -> tuple[AppliedWorkload, bool]:
+        applied, changed = await self.inner.apply(workload)
+        if changed:
+            self.on_change()
+        return applied, changed
+
+    async def remove(self, namespace: str, name: str, uid: str = "") -> bool:
+        found = await self.inner.remove(namespace, name, uid)
+        if found:
+            self.on_change()
+        return found
+
+    async def list(self) -> list[AppliedWorkload]:
+        return await self.inner.list()
+
+    async def node(self) -> NodeSummary:
+        return await self.inner.node()
+
+    async def container_cpus(self, namespace: str, pod: str, uid: str, container: str) -> ContainerCpus:
+        return await self.inner.container_cpus(namespace, pod, uid, container)
+
+    async def ready(self) -> tuple[bool, str]:
+        return await self.inner.ready()
+
+
+def kubernetes_available(settings: AgentSettings) -> bool:
+    """A kubeconfig is set, or the agent runs in a pod (the service account's environment is there)."""
+    return bool(settings.kubeconfig) or "KUBERNETES_SERVICE_HOST" in os.environ
+
+
+class Companions:
+    def __init__(self, settings: AgentSettings, engine: ManagedEngine, registry: CollectorRegistry) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.engine = NotifyingEngine(engine, self._changed)
+        self._listeners: list[Callable[[], None]] = []
+        self._stoppers: list[Callable[[], None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+        self._register_metrics()
+
+    def _register_metrics(self) -> None:
+        settings, fs = self.settings, HostFS(self.settings.host_root)
+        if settings.power_enabled:
+            from rmd_agent.metrics.power_collector import PowerCollector
+            from rmd_agent.power.sampler import PowerSampler
+
+            self.sampler = PowerSampler(fs, interval=settings.power_interval_seconds)
+            self.registry.register(PowerCollector(self.sampler, containers=settings.power_containers))
+        from rmd_agent.metrics.rdt_collector import RdtCollector
+
+        self.rdt = RdtCollector(fs, self.engine.list)
+        self.registry.register(self.rdt)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    async def start(self, grpc_port: int) -> None:
+        settings = self.settings
+        if settings.power_enabled:
+            self._spawn("power-sampler", self.sampler.run(self._stop))
+        self._spawn("rdt-metrics", self.rdt.run(settings.rdt_metrics_interval_seconds, self._stop))
+        if not (settings.nrt_enabled or settings.node_state_enabled):
+            return
+        if not kubernetes_available(settings):
+            log.warning(
+                "no Kubernetes API (no kubeconfig, not in a pod): not publishing RmdNodeState or "
+                "NodeResourceTopology"
+            )
+            return
+        from rmd_agent.kube import api_client_factory, create_api_client
+
+        await asyncio.to_thread(create_api_client, settings)  # fail fast on an unusable kubeconfig
+        factory = api_client_factory(settings)
+        if settings.nrt_enabled:
+            from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider
+
+            exporter = NrtExporter(settings, factory, engine_l3_provider(self.engine))
+            self._listeners.append(lambda: exporter.poke("workloads changed"))
+            self._stoppers.append(exporter.stop)
+            self._spawn("nrt-exporter", exporter.run())
+        if settings.node_state_enabled:
+            from rmd_agent.node_state import NodeStateWriter, endpoint_from_settings
+
+            endpoint = endpoint_from_settings(settings.advertise_address, settings.grpc_listen, grpc_port)
+            writer = NodeStateWriter(settings, self.engine, factory, endpoint=endpoint)
+            self._listeners.append(lambda: writer.notify("workloads changed"))
+            self._stoppers.append(writer.stop)
+            self._spawn("node-state", writer.run())
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Ask every task to finish (the RmdNodeState writer marks the node not ready); cancel stragglers."""
+        self._stop.set()
+        for stop in self._stoppers:
+            stop()
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(self._tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                try:
+                    await task
+                except Exception:
+                    log.exception("background task %s failed", task.get_name())
+        self._tasks.clear()

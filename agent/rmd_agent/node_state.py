@@ -1,0 +1,606 @@
+"""This node's RmdNodeState: how the operator finds the agent, what the node supports, what it enforces.
+
+Named rmd-node-state-<node> in settings.node_state_namespace, owned by the Node (so the garbage collector
+removes it with the Node), written only by this node's agent. spec: node, nodeUid. status: endpoint (where
+the operator dials the gRPC API), capabilities (the probe's findings), conditions (Ready) and workloads, in
+rmd-operator's map format (docs/node-state.md).
+
+The first half of this module is pure: it builds the desired object and status from what the engine says.
+`NodeStateWriter` is the I/O: it creates the object when missing (and again after a deletion), repairs its
+spec and owner, and patches status only when it differs from what the API server last returned, with the
+resourceVersion read as a precondition. A refresh that changes nothing costs no request; every
+node_state_resync_seconds it re-reads the object and the Node instead of trusting memory. At shutdown the
+object stays, with Ready=False: the operator must still see which workloads this node holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from rmd_agent.engine_api import AppliedWorkload, Engine
+from rmd_agent.errors import ConfigError
+from rmd_agent.kube import MERGE_PATCH, call, patch_status_if_changed
+from rmd_agent.server.http_endpoints import split_host_port
+from rmd_agent.settings import AgentSettings
+from rmd_api.cpuset import format_cpu_list
+
+log = logging.getLogger(__name__)
+
+GROUP = "intel.com"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RmdNodeState"
+PLURAL = "rmdnodestates"
+NAME_PREFIX = "rmd-node-state-"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "rmd-agent"}
+FIELD_MANAGER = "rmd-agent"
+
+READY = "Ready"
+AGENT_READY = "AgentReady"  # reasons of the Ready condition
+ENGINE_NOT_READY = "EngineNotReady"
+ENGINE_UNAVAILABLE = "EngineUnavailable"
+AGENT_STOPPED = "AgentStopped"
+
+ORIGIN = "gRPC"  # the "Origin" of every workload: the API it came through (RMD said "REST")
+MAX_CAPABILITIES = 64  # the CRD's maxProperties
+MAX_DETAIL = 1024  # the CRD's maxLength of a capability detail
+MAX_MESSAGE = 4096  # well under the CRD's 32768: a condition message is for people
+
+# The CRD's pattern for status.endpoint: a DNS-ish host or bracketed IPv6, then a port.
+_ENDPOINT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?):[0-9]{1,5}$")
+_WILDCARDS = frozenset({"0.0.0.0", "::"})
+
+Obj = dict[str, Any]
+
+
+def node_state_name(node: str) -> str:
+    return NAME_PREFIX + node
+
+
+# -- endpoint ------------------------------------------------------------------------------------------------
+
+
+def format_endpoint(host: str, port: int) -> str:
+    """host:port as the CRD wants it ("[fd00::1]:50051" for IPv6). ConfigError if the CRD would refuse it."""
+    host = host.strip()
+    with contextlib.suppress(ValueError):
+        if isinstance(ipaddress.ip_address(host.strip("[]")), ipaddress.IPv6Address):
+            host = f"[{host.strip('[]')}]"
+    endpoint = f"{host}:{port}"
+    if not _ENDPOINT.match(endpoint) or not 0 < port <= 65535:
+        raise ConfigError(f"{endpoint!r} is not a valid endpoint (host:port, an IPv6 host in brackets)")
+    return endpoint
+
+
+def endpoint_from_settings(advertise_address: str, grpc_listen: str, port: int | None = None) -> str:
+    """Where the operator dials this agent: advertise_address (else grpc_listen's host, unless it listens on
+    every interface) and `port` (else grpc_listen's). "" when no address or port can be told."""
+    listen_host, listen_port = split_host_port(grpc_listen)
+    host = advertise_address or ("" if listen_host is None or listen_host in _WILDCARDS else listen_host)
+    port = port if port is not None else listen_port
+    if not host or not port:
+        return ""
+    return format_endpoint(host, port)
+
+
+# -- status --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str  # CamelCase, the condition's reason
+    message: str
+
+
+def engine_readiness(ok: bool, why: str) -> Readiness:
+    """The Ready condition for what Engine.ready() answered."""
+    if ok:
+        return Readiness(True, AGENT_READY, "the agent enforces workloads on this node")
+    return Readiness(False, ENGINE_NOT_READY, why or "the agent's engine is not ready")
+
+
+def stopped_readiness() -> Readiness:
+    return Readiness(
+        False,
+        AGENT_STOPPED,
+        "the agent stopped; the workloads listed stay in place on the node until it is back",
+    )
+
+
+def format_time(now: datetime) -> str:
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ready_condition(readiness: Readiness, previous: Sequence[Mapping[str, Any]], now: datetime) -> Obj:
+    """The Ready condition; lastTransitionTime moves only when its status changes, so an unchanged state
+    gives an identical condition (and no write)."""
+    status = "True" if readiness.ready else "False"
+    before = next((c for c in previous if isinstance(c, Mapping) and c.get("type") == READY), None)
+    since = (
+        before["lastTransitionTime"]
+        if before is not None and before.get("status") == status and before.get("lastTransitionTime")
+        else format_time(now)
+    )
+    return {
+        "type": READY,
+        "status": status,
+        "lastTransitionTime": since,
+        "reason": readiness.reason,
+        "message": readiness.message[:MAX_MESSAGE],
+    }
+
+
+def capabilities_map(capabilities: Mapping[str, tuple[bool, str]]) -> Obj:
+    """The probe's findings as status.capabilities: feature -> {supported, detail}."""
+    features = sorted(capabilities)[:MAX_CAPABILITIES]
+    result: Obj = {}
+    for feature in features:
+        supported, detail = capabilities[feature]
+        result[feature] = {"supported": bool(supported), "detail": detail[:MAX_DETAIL]}
+    return result
+
+
+def workload_entry(applied: AppliedWorkload) -> dict[str, str]:
+    """One workload in rmd-operator's map format (its UpdateNodeStatusWorkload keys and value syntax), plus
+    "Namespace", which rmd-operator lacked because it keyed workloads by name alone."""
+    w = applied.workload
+    entry = {"Namespace": w.namespace}
+    if applied.id:
+        entry["ID"] = applied.id
+    if w.core_ids:
+        entry["Core IDs"] = format_cpu_list(w.core_ids)
+    if applied.status:
+        entry["Status"] = applied.status
+    if applied.cos_name:
+        entry["Cos Name"] = applied.cos_name
+    # rmd-operator always sent both (0 for a shared-pool workload), so RMD always echoed them.
+    entry["Cache Max"] = str(w.cache_max or 0)
+    entry["Cache Min"] = str(w.cache_min or 0)
+    if w.mba_percentage is not None:
+        entry["MBA Percentage"] = str(w.mba_percentage)
+    if w.mba_mbps is not None:
+        entry["MBA Mbps"] = str(w.mba_mbps)
+    entry["Origin"] = ORIGIN
+    if w.policy:
+        entry["Policy"] = w.policy
+    if w.pstate_ratio is not None:
+        entry["P-State Ratio"] = f"{w.pstate_ratio:f}"  # Go's %f, as rmd-operator printed it: "3.000000"
+    if w.pstate_monitoring is not None:
+        entry["P-State Monitoring"] = w.pstate_monitoring
+    return entry
+
+
+def workloads_map(applied: Sequence[AppliedWorkload]) -> dict[str, dict[str, str]]:
+    """status.workloads: keyed by workload name as in rmd-operator (whose key was the RmdWorkload name).
+
+    Names that several namespaces use on this node are keyed <namespace>/<name> instead, every one of
+    them: a map cannot hold the same key twice, and a name never contains "/"."""
+    counts: dict[str, int] = {}
+    for a in applied:
+        counts[a.workload.name] = counts.get(a.workload.name, 0) + 1
+    result: dict[str, dict[str, str]] = {}
+    for a in sorted(applied, key=lambda a: (a.workload.namespace, a.workload.name)):
+        w = a.workload
+        result[w.name if counts[w.name] == 1 else f"{w.namespace}/{w.name}"] = workload_entry(a)
+    return result
+
+
+def desired_status(
+    *,
+    endpoint: str,
+    readiness: Readiness,
+    capabilities: Mapping[str, tuple[bool, str]] | None,
+    workloads: Sequence[AppliedWorkload] | None,
+    previous: Mapping[str, Any],
+    now: datetime,
+) -> Obj:
+    """The status to publish. `capabilities` or `workloads` None means "unknown right now" (the engine did not
+    answer): the previous value is kept rather than replaced by nothing, since an empty workload map would
+    tell the operator this node holds nothing. Conditions of other types are kept as they are."""
+    status: Obj = {}
+    if endpoint:
+        status["endpoint"] = endpoint
+    if capabilities is not None:
+        status["capabilities"] = capabilities_map(capabilities)
+    elif "capabilities" in previous:
+        status["capabilities"] = previous["capabilities"]
+    previous_conditions = [c for c in previous.get("conditions") or () if isinstance(c, Mapping)]
+    others = [dict(c) for c in previous_conditions if c.get("type") != READY]
+    status["conditions"] = [ready_condition(readiness, previous_conditions, now), *others]
+    if workloads is not None:
+        status["workloads"] = workloads_map(workloads)
+    else:
+        status["workloads"] = previous.get("workloads") or {}
+    return status
+
+
+# -- object --------------------------------------------------------------------------------------------------
+
+
+def owner_reference(node_name: str, node_uid: str) -> Obj:
+    """A reference to the Node (a cluster-scoped owner of a namespaced object is allowed). No
+    blockOwnerDeletion: setting it needs update on nodes/finalizers, which the agent has no use for."""
+    return {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
+
+
+def desired_object(node_name: str, namespace: str, node_uid: str) -> Obj:
+    """The object as created, always owned by its Node, so that it never outlives the Node. Status is
+    written separately: the API server ignores it on create."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": node_state_name(node_name),
+            "namespace": namespace,
+            "labels": dict(MANAGED_BY),
+            "ownerReferences": [owner_reference(node_name, node_uid)],
+        },
+        "spec": {"node": node_name, "nodeUid": node_uid},
+    }
+
+
+def repair_patch(current: Mapping[str, Any], node_name: str, node_uid: str) -> Obj:
+    """The merge patch that gives an existing object this Node (uid) as owner and spec.nodeUid; {} when it
+    has them. A reference to another Node uid (the Node was re-created) is replaced; other owners stay."""
+    metadata = current.get("metadata") or {}
+    refs = [r for r in metadata.get("ownerReferences") or () if isinstance(r, Mapping)]
+    ours = owner_reference(node_name, node_uid)
+    has_ours = any(all(r.get(k) == v for k, v in ours.items()) for r in refs)
+    stale = any(r.get("kind") == "Node" and r.get("uid") != node_uid for r in refs)
+    patch: Obj = {}
+    if not has_ours or stale:
+        patch["metadata"] = {"ownerReferences": [*(dict(r) for r in refs if r.get("kind") != "Node"), ours]}
+    if (current.get("spec") or {}).get("nodeUid") != node_uid:
+        patch["spec"] = {"nodeUid": node_uid}
+    return patch
+
+
+# -- writer --------------------------------------------------------------------------------------------------
+
+ENGINE_POLL_SECONDS = 5.0  # re-asks the engine this often; costs no API request unless something changed
+ENGINE_TIMEOUT_SECONDS = 10.0
+FINAL_WRITE_SECONDS = 10.0  # at most this long at shutdown for the Ready=False write
+_ATTEMPTS = 3
+_T = TypeVar("_T")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class NodeStateWriter:
+    """Keeps this node's RmdNodeState current until stop() (see the module docstring).
+
+    `api_client_factory` makes the kubernetes ApiClient (kube.api_client_factory(settings) in production);
+    `endpoint` overrides the one derived from settings (e.g. once the gRPC server knows its port).
+    notify() and stop() are called from the event loop run() runs on.
+    """
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        engine: Engine,
+        api_client_factory: Callable[[], Any],
+        *,
+        endpoint: str | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        if not settings.node_name:
+            raise ConfigError("node_name is required to publish the RmdNodeState")
+        if not settings.node_state_namespace:
+            raise ConfigError("setting node_state_namespace must not be empty")
+        if settings.node_state_resync_seconds <= 0:
+            raise ConfigError("setting node_state_resync_seconds must be positive")
+        if endpoint is None:
+            endpoint = endpoint_from_settings(settings.advertise_address, settings.grpc_listen)
+        elif endpoint and not _ENDPOINT.match(endpoint):
+            raise ConfigError(f"{endpoint!r} is not a valid endpoint (host:port, an IPv6 host in brackets)")
+        self.settings = settings
+        self.engine = engine
+        self.endpoint = endpoint
+        self.name = node_state_name(settings.node_name)
+        self.namespace = settings.node_state_namespace
+        self._factory = api_client_factory
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._objects: client.CustomObjectsApi | None = None
+        self._core: client.CoreV1Api | None = None
+        self._current: Obj | None = None  # the object as the API server last returned it
+        self._known = False  # whether _current reflects the server (None then means "absent")
+        self._node_uid: str | None = None
+        self._node_missing = False  # warned that the Node does not exist
+        self.syncs = 0  # completed refreshes, for tests and metrics
+        self.failures = 0
+        self.writes = 0  # creates and patches
+        self.conflicts = 0  # writes refused because the object changed or vanished since it was read
+
+    def notify(self, reason: str = "changed") -> None:
+        """Refresh soon, e.g. after a workload was applied or removed."""
+        log.debug("RmdNodeState %s refresh requested: %s", self.name, reason)
+        self._wake.set()
+
+    def stop(self) -> None:
+        """End run(): it writes Ready=False (keeping the workloads) and returns."""
+        self._stopping = True
+        self._wake.set()
+
+    @property
+    def current(self) -> Obj | None:
+        """The object as the API server last returned it (None when absent or not read yet)."""
+        return self._current
+
+    async def run(self) -> None:
+        """Publish until stop() or cancellation; errors of one refresh are logged and retried, not raised.
+        ConfigError when no Kubernetes client can be made."""
+        if not self.endpoint:
+            log.warning(
+                "no endpoint for RmdNodeState %s: set advertise_address (the chart passes $POD_IP); the "
+                "operator will not call this agent",
+                self.name,
+            )
+        api_client = await asyncio.to_thread(self._factory)
+        try:
+            self._objects = client.CustomObjectsApi(api_client)
+            self._core = client.CoreV1Api(api_client)
+            try:
+                await self._loop()
+            finally:
+                try:
+                    await asyncio.wait_for(self._final_write(), FINAL_WRITE_SECONDS)
+                except Exception as exc:  # shutdown goes on: the object is stale, not wrong
+                    log.warning("could not mark RmdNodeState %s not ready at shutdown: %s", self.name, exc)
+        finally:
+            close = getattr(api_client, "close", None)
+            if close is not None:
+                await asyncio.to_thread(close)
+
+    async def _loop(self) -> None:
+        resync = self.settings.node_state_resync_seconds
+        next_verify = time.monotonic()  # the first refresh reads the object and the Node
+        backoff = 0.0
+        while not self._stopping:
+            self._wake.clear()
+            verify = time.monotonic() >= next_verify
+            try:
+                await self._sync(verify=verify)
+            except Exception as exc:
+                self.failures += 1
+                self._known = False  # read everything again next time
+                backoff = min(max(1.0, backoff * 2), resync)
+                if isinstance(exc, ApiException):
+                    log.warning("RmdNodeState %s: API error %s %s", self.name, exc.status, exc.reason)
+                else:
+                    log.warning("RmdNodeState %s refresh failed", self.name, exc_info=True)
+            else:
+                backoff = 0.0
+                if verify:
+                    next_verify = time.monotonic() + resync
+            self.syncs += 1
+            wait = backoff or min(ENGINE_POLL_SECONDS, max(0.0, next_verify - time.monotonic()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    # -- one refresh
+
+    async def _ask(self, what: str, call_engine: Callable[[], Awaitable[_T]]) -> _T | Exception:
+        try:
+            return await asyncio.wait_for(call_engine(), ENGINE_TIMEOUT_SECONDS)
+        except TimeoutError:
+            return TimeoutError(f"the engine did not answer {what} within {ENGINE_TIMEOUT_SECONDS:g}s")
+        except Exception as exc:
+            return exc
+
+    async def _observe(
+        self,
+    ) -> tuple[Readiness, Mapping[str, tuple[bool, str]] | None, list[AppliedWorkload] | None]:
+        ready = await self._ask("ready()", self.engine.ready)
+        if isinstance(ready, Exception):
+            readiness = Readiness(False, ENGINE_UNAVAILABLE, str(ready) or type(ready).__name__)
+        else:
+            readiness = engine_readiness(*ready)
+        node = await self._ask("node()", self.engine.node)
+        listed = await self._ask("list()", self.engine.list)
+        for what, answer in (("node()", node), ("list()", listed)):
+            if isinstance(answer, Exception):
+                log.debug("engine %s failed: %s", what, answer)
+        capabilities = None if isinstance(node, Exception) else node.capabilities
+        workloads = None if isinstance(listed, Exception) else listed
+        return readiness, capabilities, workloads
+
+    async def _sync(self, *, verify: bool) -> None:
+        readiness, capabilities, workloads = await self._observe()
+        node_read = verify or not self._known
+        if node_read:
+            self._node_uid = await self._read_node_uid()
+            await self._refresh_current()
+        for _ in range(_ATTEMPTS):
+            if self._current is None:
+                if not node_read:
+                    if self._node_missing:
+                        return  # look for the Node again at the next resync, not every engine poll
+                    # The object vanished: perhaps with its Node (garbage collection), or the Node was
+                    # re-created with a new uid. Read it again before creating.
+                    self._node_uid = await self._read_node_uid()
+                    node_read = True
+                if self._node_uid is None:
+                    return  # no Node, no object: one without an owner would outlive the Node
+                if not await self._create(self._node_uid):
+                    continue  # it appeared meanwhile: compare with it
+            if self._node_uid is not None and not await self._repair(self._node_uid):
+                continue
+            if await self._write_status(readiness, capabilities, workloads):
+                return
+        raise ApiException(status=409, reason=f"RmdNodeState {self.name} keeps changing")
+
+    async def _final_write(self) -> None:
+        """Ready=False with the workloads the node still holds; never creates the object."""
+        if self._objects is None:
+            return
+        workloads = await self._ask("list()", self.engine.list)
+        listed = None if isinstance(workloads, Exception) else workloads
+        if not self._known:
+            await self._refresh_current()
+        for _ in range(_ATTEMPTS):
+            if self._current is None:
+                return
+            if await self._write_status(stopped_readiness(), None, listed):
+                log.info("RmdNodeState %s marked not ready (agent stopped)", self.name)
+                return
+
+    # -- API calls
+
+    @property
+    def _api(self) -> client.CustomObjectsApi:
+        assert self._objects is not None, "run() makes the API clients"
+        return self._objects
+
+    async def _read_node_uid(self) -> str | None:
+        assert self._core is not None
+        try:
+            node = await call(self._core.read_node, self.settings.node_name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            if not self._node_missing:
+                log.warning(
+                    "Node %s not found: RmdNodeState %s is not created until it exists",
+                    self.settings.node_name,
+                    self.name,
+                )
+            self._node_missing = True
+            return None
+        self._node_missing = False
+        uid: str = node.metadata.uid
+        return uid
+
+    async def _refresh_current(self) -> None:
+        try:
+            self._current = await call(
+                self._api.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, self.name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._current = None
+        self._known = True
+
+    async def _create(self, node_uid: str) -> bool:
+        """True when created; False when it already existed (then _current holds it)."""
+        body = desired_object(self.settings.node_name, self.namespace, node_uid)
+        try:
+            self._current = await call(
+                self._api.create_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                body,
+                field_manager=FIELD_MANAGER,
+                field_validation="Strict",
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            await self._refresh_current()
+            return False
+        self.writes += 1
+        log.info("RmdNodeState %s/%s created", self.namespace, self.name)
+        return True
+
+    async def _conflict_or_gone(self, exc: ApiException) -> None:
+        if exc.status in (404, 409):
+            self.conflicts += 1
+        if exc.status == 404:
+            self._current = None
+        elif exc.status == 409:
+            await self._refresh_current()
+        else:
+            raise exc
+
+    async def _repair(self, node_uid: str) -> bool:
+        """Owner and spec.nodeUid put right; False when the object changed or vanished meanwhile."""
+        assert self._current is not None
+        patch = repair_patch(self._current, self.settings.node_name, node_uid)
+        if not patch:
+            return True
+        patch.setdefault("metadata", {})["resourceVersion"] = self._current["metadata"]["resourceVersion"]
+        try:
+            self._current = await call(
+                self._api.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                self.name,
+                patch,
+                field_manager=FIELD_MANAGER,
+                field_validation="Strict",
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as exc:
+            await self._conflict_or_gone(exc)
+            return False
+        self.writes += 1
+        log.info("RmdNodeState %s: owner and spec.nodeUid set to Node uid %s", self.name, node_uid)
+        return True
+
+    async def _write_status(
+        self,
+        readiness: Readiness,
+        capabilities: Mapping[str, tuple[bool, str]] | None,
+        workloads: Sequence[AppliedWorkload] | None,
+    ) -> bool:
+        """True when the status is as desired (written or already so); False on a conflict or deletion."""
+        assert self._current is not None
+        status = desired_status(
+            endpoint=self.endpoint,
+            readiness=readiness,
+            capabilities=capabilities,
+            workloads=workloads,
+            previous=self._current.get("status") or {},
+            now=self._clock(),
+        )
+        try:
+            written = await patch_status_if_changed(
+                self._api,
+                self._current,
+                status,
+                group=GROUP,
+                version=VERSION,
+                plural=PLURAL,
+                field_manager=FIELD_MANAGER,
+            )
+        except ApiException as exc:
+            await self._conflict_or_gone(exc)
+            return False
+        if written is not None:
+            before = _ready_of(self._current)
+            self._current = written
+            self.writes += 1
+            after = _ready_of(written)
+            if before != after:
+                log.info("RmdNodeState %s: Ready %s (%s)", self.name, after[0], after[1])
+            else:
+                log.debug("RmdNodeState %s status updated", self.name)
+        return True
+
+
+def _ready_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if isinstance(condition, Mapping) and condition.get("type") == READY:
+            return str(condition.get("status")), str(condition.get("reason"))
+    return "Unknown", ""
