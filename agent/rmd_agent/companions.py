@@ -1,5 +1,6 @@
 """The agent's long-running tasks beside its gRPC API, each optional: power sampling and the cache metrics
-(Prometheus), the NodeResourceTopology export and the RmdNodeState (Kubernetes API).
+(Prometheus), the cache-ways device plugin (kubelet), the NodeResourceTopology export and the RmdNodeState
+(Kubernetes API).
 
 They learn about workload changes through `NotifyingEngine`, which wraps the engine the gRPC service calls.
 Without a Kubernetes API (no kubeconfig and not in a pod) the Kubernetes tasks are skipped with a warning,
@@ -104,6 +105,17 @@ class Companions:
         if settings.power_enabled:
             self._spawn("power-sampler", self.sampler.run(self._stop))
         self._spawn("rdt-metrics", self.rdt.run(settings.rdt_metrics_interval_seconds, self._stop))
+        if settings.device_plugin_enabled:
+            from rmd_agent.deviceplugin.plugin import CacheWaysPlugin
+            from rmd_agent.deviceplugin.pools import engine_pools
+
+            plugin = CacheWaysPlugin(
+                engine_pools(self.engine, HostFS(settings.host_root)),
+                settings.host_path(settings.kubelet_dir) / "device-plugins",
+            )
+            self._listeners.append(plugin.notify)
+            self._stoppers.append(plugin.stop)
+            self._spawn("device-plugin", plugin.run())
         if not (settings.nrt_enabled or settings.node_state_enabled):
             return
         if not kubernetes_available(settings):

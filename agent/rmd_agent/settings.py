@@ -128,6 +128,13 @@ class AgentSettings:
         default=15.0,
         metadata={"help": "refresh of the per-workload cache metrics (ways, LLC occupancy, MBM)"},
     )
+    # -- device plugin (docs/deviceplugin.md) --
+    device_plugin_enabled: bool = field(
+        default=True,
+        metadata={
+            "help": "advertise the guaranteed pool's cache ways to the kubelet as intel.com/l3_cache_ways"
+        },
+    )
     # -- kubernetes (RmdNodeState; docs/node-state.md) --
     kubeconfig: str = field(
         default="", metadata={"help": "kubeconfig file for the Kubernetes API; empty: in-cluster config"}

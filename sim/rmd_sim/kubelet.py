@@ -9,9 +9,12 @@ What it reproduces (reference notes numa-topology-podresources.md §1, §2):
 * Exclusive CPUs, via rmd_sim.cpumanager, only for containers of Guaranteed pods with an integer CPU
   request, and only with the `static` policy. Everything else shares the pool. A pod that cannot get its
   CPUs or devices is rejected (add_pod raises) and leaves no trace, like a failed kubelet admission.
-* Device-plugin resources, when a device pool is configured for them (`devices`). Other extended
-  resources, such as `intel.com/l3_cache_ways` advertised in node status, are kept on the pod but never
-  reported: the kubelet only reports device-plugin devices.
+* Device-plugin resources: from a static pool (`devices`) or, with `device_plugins=True`, from real device
+  plugins that register on `<root>/var/lib/kubelet/device-plugins/kubelet.sock` (rmd_sim.devicemanager).
+  Healthy devices not yet held are handed out, those on the NUMA nodes of the container's CPUs first (the
+  plugin's GetPreferredAllocation picks among them when it offers it); `admit_pod` then calls the plugin's
+  Allocate and keeps the environment it answers on the pod (`SimPod.envs`). Extended resources without
+  a device pool are kept on the pod but never reported: the kubelet only reports device-plugin devices.
 * PodResourcesLister: List = every pod added and not removed (the active pods), containers' `cpu_ids`
   only the exclusive CPUs; GetAllocatableResources = online CPUs minus the reserved set (empty with
   policy `none`) and all devices; Get = one pod, else the error "pod <name> in namespace <ns> not found".
@@ -36,12 +39,12 @@ import re
 import signal
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import grpc
 import grpc.aio
@@ -52,6 +55,10 @@ from rmd_api.kubelet.checkpoint import encode_cpu_manager_state_v2
 from rmd_api.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 from rmd_sim import cpumanager
 from rmd_sim.cpumanager import Cpu, Topology
+from rmd_sim.devicemanager import PLUGIN_DIR_REL, Device, DeviceManager, PluginCallFailed
+
+if TYPE_CHECKING:
+    from rmd_sim.kubelet_api import KubeletNode
 
 log = logging.getLogger(__name__)
 
@@ -214,12 +221,6 @@ def write_atomically(path: Path, text: str) -> None:
 # --- the node model ---
 
 
-@dataclass(frozen=True)
-class Device:
-    id: str
-    numa: int | None = None  # None: the device plugin reports no topology
-
-
 @dataclass
 class SimPod:
     namespace: str
@@ -229,10 +230,17 @@ class SimPod:
     qos: QoS
     cpus: dict[str, frozenset[int]] = field(default_factory=dict)  # exclusive CPUs by container
     devices: dict[str, dict[str, tuple[Device, ...]]] = field(default_factory=dict)  # container -> resource
+    envs: dict[str, dict[str, str]] = field(default_factory=dict)  # container -> what device plugins set
 
 
 class AdmissionError(ValueError):
-    """The pod cannot be admitted (not enough exclusive CPUs or devices, duplicate uid or name)."""
+    """The pod cannot be admitted (not enough exclusive CPUs or devices, duplicate uid or name).
+
+    `reason` is the pod status reason the kubelet gives such a rejection."""
+
+    def __init__(self, message: str, reason: str = "UnexpectedAdmissionError") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SimKubelet:
@@ -250,6 +258,7 @@ class SimKubelet:
         reserved_cpus: Iterable[int] = (),
         cpu_manager_policy: CpuManagerPolicy = "static",
         devices: Mapping[str, Sequence[Device]] | None = None,
+        device_plugins: bool = False,
         socket_path: Path | None = None,
         not_found_code: grpc.StatusCode = grpc.StatusCode.NOT_FOUND,
         get_enabled: bool = True,
@@ -263,7 +272,12 @@ class SimKubelet:
                 f"reserved cpus {format_cpu_list(self.reserved - topology.ids)} are not on the node"
             )
         self.policy: CpuManagerPolicy = cpu_manager_policy
-        self.devices = {name: tuple(devs) for name, devs in (devices or {}).items()}
+        self._static_devices = {name: tuple(devs) for name, devs in (devices or {}).items()}
+        self.device_manager = (
+            DeviceManager(self.host_root / PLUGIN_DIR_REL, self._devices_changed) if device_plugins else None
+        )
+        self._device_listeners: list[Callable[[], None]] = []
+        self._admission = asyncio.Lock()
         self.socket_path = Path(socket_path) if socket_path else self.host_root / SOCKET_REL
         self.state_path = self.host_root / STATE_REL
         self.not_found_code = not_found_code
@@ -322,39 +336,6 @@ class SimKubelet:
     def allocatable_cpus(self) -> frozenset[int]:
         return self.topology.ids - self.reserved if self.policy == "static" else frozenset()
 
-    def add_pod(
-        self, namespace: str, name: str, uid: str, containers: Iterable[ContainerSpec | Sequence[Any]]
-    ) -> SimPod:
-        """Admit a pod: pin CPUs and devices, rewrite cpu_manager_state. On AdmissionError nothing changes."""
-        if uid in self._pods:
-            raise AdmissionError(f"pod uid {uid} already exists")
-        if any(p.namespace == namespace and p.name == name for p in self._pods.values()):
-            raise AdmissionError(f"pod {name} already exists in namespace {namespace}")
-        specs = tuple(ContainerSpec.of(c) for c in containers)
-        pod = SimPod(namespace, name, uid, specs, qos_class(specs))
-        assigned = self.assignments()
-        used_devices = {
-            d for p in self._pods.values() for res in p.devices.values() for ds in res.values() for d in ds
-        }
-        for spec in specs:
-            count = exclusive_cpu_count(pod.qos, spec) if self.policy == "static" else 0
-            if count:
-                try:
-                    cpus = cpumanager.allocate(self.topology, self.reserved, assigned, count)
-                except cpumanager.NotEnoughCpus as exc:
-                    raise AdmissionError(f"pod {namespace}/{name} container {spec.name}: {exc}") from exc
-                pod.cpus[spec.name] = cpus
-                assigned[(uid, spec.name)] = cpus
-            granted = self._take_devices(
-                f"{namespace}/{name}", spec, pod.cpus.get(spec.name, frozenset()), used_devices
-            )
-            if granted:
-                pod.devices[spec.name] = granted
-        self._pods[uid] = pod
-        self.write_state()
-        log.info("admitted pod %s/%s (%s), exclusive cpus %s", namespace, name, pod.qos, pod.cpus or "none")
-        return pod
-
     def remove_pod(self, uid: str) -> None:
         """Forget the pod; its CPUs go back to the shared pool and the state file is rewritten."""
         pod = self._pods.pop(uid, None)
@@ -366,24 +347,203 @@ class SimKubelet:
     def find_pod(self, namespace: str, name: str) -> SimPod | None:
         return next((p for p in self._pods.values() if p.namespace == namespace and p.name == name), None)
 
-    def _take_devices(
-        self, pod: str, spec: ContainerSpec, cpus: frozenset[int], used: set[Device]
-    ) -> dict[str, tuple[Device, ...]]:
-        granted: dict[str, tuple[Device, ...]] = {}
-        cpu_numa = {self.topology.cpu(c).numa for c in cpus}
-        for resource, count in sorted(spec.resources.items()):
-            if resource not in self.devices or count <= 0:
-                continue
-            free = [d for d in self.devices[resource] if d not in used]
-            if len(free) < count:
-                raise AdmissionError(
-                    f"pod {pod} container {spec.name}: {count} {resource} requested, {len(free)} free"
+    # --- devices ---
+
+    @property
+    def devices(self) -> dict[str, tuple[Device, ...]]:
+        """Healthy devices per resource: the static pool, where no registered plugin lists its own."""
+        merged = dict(self._static_devices)
+        if self.device_manager is not None:
+            for resource in self.device_manager.resources():
+                merged[resource] = self.device_manager.devices(resource, healthy=True)
+        return merged
+
+    def unhealthy_devices(self) -> dict[str, tuple[Device, ...]]:
+        """Devices in the capacity but not allocatable (a plugin said so, or its stream ended)."""
+        manager = self.device_manager
+        if manager is None:
+            return {}
+        return {r: manager.devices(r, healthy=False) for r in manager.resources()}
+
+    def add_device_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` whenever a device plugin's list changes."""
+        self._device_listeners.append(listener)
+
+    def remove_device_listener(self, listener: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._device_listeners.remove(listener)
+
+    def attach_api(self, api_client: Any, node_name: str, **options: Any) -> KubeletNode:
+        """This kubelet as node `node_name` of an API server: `async with kubelet.attach_api(...)`.
+
+        Options are KubeletNode's (labels, node_ip, pod_cidr, resync_seconds)."""
+        from rmd_sim.kubelet_api import KubeletNode
+
+        return KubeletNode(self, api_client, node_name, **options)
+
+    def _devices_changed(self) -> None:
+        for listener in list(self._device_listeners):
+            listener()
+
+    # --- admission ---
+
+    def add_pod(
+        self, namespace: str, name: str, uid: str, containers: Iterable[ContainerSpec | Sequence[Any]]
+    ) -> SimPod:
+        """Admit a pod: pin CPUs and devices, rewrite cpu_manager_state. On AdmissionError nothing changes.
+
+        No device plugin is called (admit_pod does that)."""
+        pod = self._plan_pod(namespace, name, uid, containers)
+        used = self._used_devices()
+        for spec in pod.containers:
+            for resource, count in self._device_requests(spec):
+                self._grant(
+                    pod,
+                    spec,
+                    resource,
+                    self._device_candidates(pod, spec, resource, count, used)[:count],
+                    used,
                 )
-            # Like the device manager's topology hint: devices near the container's CPUs first.
-            free.sort(key=lambda d: d.numa not in cpu_numa)
-            granted[resource] = tuple(free[:count])
-            used.update(granted[resource])
-        return granted
+        self._commit(pod)
+        return pod
+
+    async def admit_pod(
+        self, namespace: str, name: str, uid: str, containers: Iterable[ContainerSpec | Sequence[Any]]
+    ) -> SimPod:
+        """add_pod with the device plugins in the loop: GetPreferredAllocation where a plugin offers it,
+        then Allocate (and PreStartContainer if the plugin asks for it) per container and resource. A
+        failed call rejects the pod. One admission at a time, as the kubelet does."""
+        async with self._admission:
+            pod = self._plan_pod(namespace, name, uid, containers)
+            used = self._used_devices()
+            for spec in pod.containers:
+                for resource, count in self._device_requests(spec):
+                    candidates = self._device_candidates(pod, spec, resource, count, used)
+                    chosen = await self._preferred(resource, candidates, count, pod.cpus.get(spec.name))
+                    self._grant(pod, spec, resource, chosen, used)
+            await self._allocate(pod)
+            self._commit(pod)
+            return pod
+
+    def _plan_pod(
+        self, namespace: str, name: str, uid: str, containers: Iterable[ContainerSpec | Sequence[Any]]
+    ) -> SimPod:
+        """A new pod with its exclusive CPUs chosen; nothing is recorded yet."""
+        if uid in self._pods:
+            raise AdmissionError(f"pod uid {uid} already exists")
+        if any(p.namespace == namespace and p.name == name for p in self._pods.values()):
+            raise AdmissionError(f"pod {name} already exists in namespace {namespace}")
+        specs = tuple(ContainerSpec.of(c) for c in containers)
+        pod = SimPod(namespace, name, uid, specs, qos_class(specs))
+        assigned = self.assignments()
+        for spec in specs:
+            count = exclusive_cpu_count(pod.qos, spec) if self.policy == "static" else 0
+            if count:
+                try:
+                    cpus = cpumanager.allocate(self.topology, self.reserved, assigned, count)
+                except cpumanager.NotEnoughCpus as exc:
+                    raise AdmissionError(f"pod {namespace}/{name} container {spec.name}: {exc}") from exc
+                pod.cpus[spec.name] = cpus
+                assigned[(uid, spec.name)] = cpus
+        return pod
+
+    def _commit(self, pod: SimPod) -> None:
+        self._pods[pod.uid] = pod
+        self.write_state()
+        log.info(
+            "admitted pod %s/%s (%s), exclusive cpus %s, devices %s",
+            pod.namespace,
+            pod.name,
+            pod.qos,
+            {c: format_cpu_list(cpus) for c, cpus in pod.cpus.items()} or "none",
+            {c: {r: [d.id for d in ds] for r, ds in res.items()} for c, res in pod.devices.items()} or "none",
+        )
+
+    def _used_devices(self) -> set[tuple[str, str]]:
+        """(resource, device id) of every device a pod holds."""
+        return {
+            (resource, d.id)
+            for p in self._pods.values()
+            for per_resource in p.devices.values()
+            for resource, devs in per_resource.items()
+            for d in devs
+        }
+
+    def _device_requests(self, spec: ContainerSpec) -> list[tuple[str, int]]:
+        pools = self.devices
+        return [(r, n) for r, n in sorted(spec.resources.items()) if r in pools and n > 0]
+
+    def _device_candidates(
+        self, pod: SimPod, spec: ContainerSpec, resource: str, count: int, used: set[tuple[str, str]]
+    ) -> list[Device]:
+        """Free healthy devices, those near the container's CPUs first (the topology hint's preference)."""
+        free = [d for d in self.devices[resource] if (resource, d.id) not in used]
+        if len(free) < count:
+            raise AdmissionError(
+                f"pod {pod.namespace}/{pod.name} container {spec.name}: requested number of devices "
+                f"unavailable for {resource}. Requested: {count}, Available: {len(free)}"
+            )
+        numa = self._numa_of(pod.cpus.get(spec.name))
+        free.sort(key=lambda d: (not (d.numa_nodes and d.numa_nodes <= numa), not d.numa_nodes & numa))
+        return free
+
+    def _numa_of(self, cpus: Iterable[int] | None) -> frozenset[int]:
+        return frozenset(self.topology.cpu(c).numa for c in cpus or ())
+
+    async def _preferred(
+        self, resource: str, candidates: list[Device], count: int, cpus: frozenset[int] | None
+    ) -> list[Device]:
+        chosen = candidates[:count]
+        manager = self.device_manager
+        options = manager.options(resource) if manager is not None else None
+        if manager is None or options is None or not options.get_preferred_allocation_available:
+            return chosen
+        numa = self._numa_of(cpus)
+        aligned = [d for d in candidates if d.numa_nodes and d.numa_nodes <= numa]
+        offer = aligned if len(aligned) >= count else candidates
+        try:
+            ids = await manager.preferred(resource, [d.id for d in offer], [], count)
+        except PluginCallFailed as exc:
+            log.warning("ignoring the preferred allocation of %s: %s", resource, exc)
+            return chosen
+        by_id = {d.id: d for d in offer}
+        if len(set(ids)) != count or not all(i in by_id for i in ids):
+            log.warning(
+                "ignoring the preferred allocation of %s: %s is not %d offered devices", resource, ids, count
+            )
+            return chosen
+        return [by_id[i] for i in ids]
+
+    def _grant(
+        self,
+        pod: SimPod,
+        spec: ContainerSpec,
+        resource: str,
+        devices: Sequence[Device],
+        used: set[tuple[str, str]],
+    ) -> None:
+        pod.devices.setdefault(spec.name, {})[resource] = tuple(devices)
+        used.update((resource, d.id) for d in devices)
+
+    async def _allocate(self, pod: SimPod) -> None:
+        manager = self.device_manager
+        if manager is None:
+            return
+        for container, per_resource in pod.devices.items():
+            for resource, devices in sorted(per_resource.items()):
+                options = manager.options(resource)
+                if options is None:
+                    continue  # a static pool: nobody to ask
+                ids = [d.id for d in devices]
+                try:
+                    pod.envs.setdefault(container, {}).update(await manager.allocate(resource, ids))
+                    if options.pre_start_required:
+                        await manager.pre_start(resource, ids)
+                except PluginCallFailed as exc:
+                    raise AdmissionError(
+                        f"pod {pod.namespace}/{pod.name} container {container}: "
+                        f"Allocate failed due to {exc}, which is unexpected"
+                    ) from exc
 
     # --- cpu_manager_state ---
 
@@ -421,9 +581,14 @@ class SimKubelet:
         await server.start()
         self._server = server
         log.info("simulated kubelet serving PodResources on %s", path)
+        if self.device_manager is not None:
+            await self.device_manager.start()
 
     async def stop(self, grace: float | None = None) -> None:
+        """Stop serving; pods, allocations and known devices are kept (start() again is a kubelet restart)."""
         self.resume()  # let stalled calls finish (or be cancelled) instead of hanging shutdown
+        if self.device_manager is not None:
+            await self.device_manager.stop()
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
@@ -446,12 +611,11 @@ class SimKubelet:
             api_pb2.ContainerDevices(
                 resource_name=resource,
                 device_ids=[d.id],
-                topology=None
-                if d.numa is None
-                else api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=d.numa)]),
+                topology=None if node is None else api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=node)]),
             )
             for resource, devs in sorted(devices.items())
             for d in devs
+            for node in (*sorted(d.numa_nodes),) or (None,)
         ]
 
     def _pod_message(self, pod: SimPod) -> api_pb2.PodResources:
@@ -541,16 +705,31 @@ async def serve_kubelet(
     reserved_cpus: Iterable[int] | None = None,
     cpu_manager_policy: CpuManagerPolicy | None = None,
     socket_path: Path | None = None,
+    device_plugins: bool = True,
+    kubeconfig: Path | None = None,
+    node_name: str = "",
+    node_labels: Mapping[str, str] | None = None,
+    node_ip: str = "127.0.0.1",
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Serve PodResources for a host tree until cancelled. `ready` is set once the socket accepts calls."""
+    """Serve PodResources (and device plugin Registration) for a host tree until cancelled; with a
+    kubeconfig, also be node `node_name` of that API server (rmd_sim.kubelet_api). `ready` is set once the
+    socket accepts calls and, in API mode, the Node is registered."""
     kubelet = SimKubelet.from_host_tree(
         Path(host_root),
         reserved_cpus=reserved_cpus,
         cpu_manager_policy=cpu_manager_policy,
         socket_path=socket_path,
+        device_plugins=device_plugins,
     )
-    async with kubelet:
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(kubelet)
+        if kubeconfig is not None:
+            from rmd_sim.kubelet_api import KubeletNode, api_client_from_kubeconfig
+
+            api = stack.enter_context(api_client_from_kubeconfig(kubeconfig))
+            node = KubeletNode(kubelet, api, node_name, labels=node_labels, node_ip=node_ip)
+            await stack.enter_async_context(node)
         if ready is not None:
             ready.set()
         await asyncio.Event().wait()  # forever; cancellation stops the server
@@ -565,6 +744,13 @@ def add_kubelet_command(subparsers: Any) -> None:
     parser.set_defaults(run=run_kubelet_command)
 
 
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host-root", type=Path, required=True, help="the simulated host tree")
     parser.add_argument("--socket", type=Path, default=None, help=f"default: <host root>/{SOCKET_REL}")
@@ -574,10 +760,31 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cpu list, e.g. 0,4; default: reservedSystemCPUs of the tree's config",
     )
     parser.add_argument("--cpu-manager-policy", choices=["static", "none"], default=None)
+    parser.add_argument(
+        "--no-device-plugins",
+        dest="device_plugins",
+        action="store_false",
+        help=f"do not serve device plugin Registration on <host root>/{PLUGIN_DIR_REL}/kubelet.sock",
+    )
+    api = parser.add_argument_group("API server mode (be a node: register it, run the pods bound to it)")
+    api.add_argument("--kubeconfig", type=Path, default=None, help="the API server and credentials")
+    api.add_argument("--node-name", default="", help="the Node to register (required with --kubeconfig)")
+    api.add_argument(
+        "--node-label",
+        dest="node_labels",
+        type=_label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of the Node (repeatable)",
+    )
+    api.add_argument("--node-ip", default="127.0.0.1", help="the Node's InternalIP and the pods' hostIP")
 
 
 def run_kubelet_command(args: argparse.Namespace) -> int:
     reserved = parse_cpu_list(args.reserved_cpus) if args.reserved_cpus is not None else None
+    if args.kubeconfig is not None and not args.node_name:
+        raise SystemExit("--node-name is required with --kubeconfig")
 
     async def run() -> None:
         task = asyncio.current_task()
@@ -591,6 +798,11 @@ def run_kubelet_command(args: argparse.Namespace) -> int:
                 reserved_cpus=reserved,
                 cpu_manager_policy=args.cpu_manager_policy,
                 socket_path=args.socket,
+                device_plugins=args.device_plugins,
+                kubeconfig=args.kubeconfig,
+                node_name=args.node_name,
+                node_labels=dict(args.node_labels),
+                node_ip=args.node_ip,
             )
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,298 @@
+"""The `intel.com/l3_cache_ways` device plugin: a DevicePlugin gRPC server on a unix socket in the kubelet's
+device-plugins directory, registered with the kubelet's Registration service on `kubelet.sock` there.
+
+Lifecycle, as the kubelet expects of a plugin:
+
+* serve first, then register (the kubelet dials the plugin back while handling Register);
+* the kubelet wipes its device-plugins directory when it starts and creates a new `kubelet.sock`, so the
+  identity (inode, ctime) of `kubelet.sock` is watched: when it changes, or the plugin's own socket is gone,
+  the server is restarted on a fresh socket and the plugin registers again. A failed registration is
+  retried on the next check;
+* ListAndWatch sends the full device list at once and again whenever it changes. The list comes from an
+  async provider of WayPools (the guaranteed pool per L3 cache), read every `refresh_seconds` or at once
+  after `notify()`; a provider that fails keeps the last list (the ways are still there, the engine is
+  just busy or restarting).
+
+Allocate answers with environment variables only (devices.allocation_envs); the ways are enforced later,
+when the workload asking for them is applied to the container's CPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from rmd_agent.deviceplugin.devices import (
+    RESOURCE_NAME,
+    UnknownDevices,
+    WayDevice,
+    WayPool,
+    allocation_envs,
+    plan_devices,
+    preferred_ways,
+)
+from rmd_agent.errors import AgentError
+from rmd_api.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_SOCKET_NAME = "rmd-l3-cache-ways.sock"
+HEALTHY = "Healthy"
+MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+
+PoolProvider = Callable[[], Awaitable[Sequence[WayPool]]]
+
+_add_servicer: Any = api_pb2_grpc.add_DevicePluginServicer_to_server  # generated without annotations
+_REGISTRATION_STUB: Any = api_pb2_grpc.RegistrationStub
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+class CacheWaysPlugin:
+    """Run with `await plugin.run()` until stop() or cancellation. `registered` tells whether the current
+    kubelet accepted the plugin; `registrations` counts successful Register calls."""
+
+    def __init__(
+        self,
+        pools: PoolProvider,
+        plugin_dir: Path,
+        *,
+        socket_name: str = DEFAULT_SOCKET_NAME,
+        resource_name: str = RESOURCE_NAME,
+        refresh_seconds: float = 5.0,
+        watch_seconds: float = 1.0,
+        timeout: float = 5.0,
+    ) -> None:
+        self._pools = pools
+        self.plugin_dir = Path(plugin_dir)
+        self.socket_name = socket_name
+        self.resource_name = resource_name
+        self.refresh_seconds = refresh_seconds
+        self.watch_seconds = watch_seconds
+        self.timeout = timeout
+        self.registrations = 0
+        self.registered = False
+        self._devices: tuple[WayDevice, ...] = ()
+        self._version = 0  # bumped on every change of _devices; ListAndWatch streams resend on a bump
+        self._changed = asyncio.Condition()
+        self._wake_refresh = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._server: grpc.aio.Server | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.plugin_dir / self.socket_name
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.plugin_dir / KUBELET_SOCKET
+
+    @property
+    def devices(self) -> tuple[WayDevice, ...]:
+        return self._devices
+
+    def notify(self) -> None:
+        """The pool may have changed: read it again now instead of at the next refresh."""
+        self._wake_refresh.set()
+
+    def stop(self) -> None:
+        """Make run() return: the server stops and the socket is removed (the kubelet then marks the
+        devices unhealthy)."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        path = str(self.socket_path.absolute())
+        if len(path.encode()) > MAX_UNIX_PATH:
+            raise ValueError(f"unix socket path is {len(path.encode())} bytes, over {MAX_UNIX_PATH}: {path}")
+        self._stopping.clear()
+        loops: list[asyncio.Task[None]] = []
+        try:
+            await self.refresh()
+            loops = [
+                asyncio.create_task(self._refresh_loop()),
+                asyncio.create_task(self._registration_loop()),
+                asyncio.create_task(self._until_stopped()),
+            ]
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # a loop that failed: raise what it raised
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._stop_server()
+
+    async def refresh(self) -> bool:
+        """Read the pools; True when the device list changed (and was sent to the kubelet)."""
+        try:
+            pools = await asyncio.wait_for(self._pools(), self.timeout)
+        except (AgentError, OSError, TimeoutError) as exc:
+            log.warning("cannot read the guaranteed pool, keeping %d devices: %s", len(self._devices), exc)
+            return False
+        devices = plan_devices(pools)
+        if devices == self._devices:
+            return False
+        async with self._changed:
+            self._devices = devices
+            self._version += 1
+            self._changed.notify_all()
+        per_cache = {c: sum(d.cache_id == c for d in devices) for c in sorted({d.cache_id for d in devices})}
+        log.info("advertising %d devices (ways per L3 cache id: %s)", len(devices), per_cache)
+        return True
+
+    # --- loops ---
+
+    async def _until_stopped(self) -> None:
+        await self._stopping.wait()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake_refresh.wait(), self.refresh_seconds)
+            self._wake_refresh.clear()
+            await self.refresh()
+
+    async def _registration_loop(self) -> None:
+        registered_with: tuple[int, int] | None = None  # identity of the kubelet.sock registered with
+        failed_with: tuple[int, int] | None = None  # ... and of the one a registration last failed on
+        while True:
+            kubelet = _identity(self.kubelet_socket)
+            if kubelet is None:
+                if registered_with is not None:
+                    log.info("kubelet socket %s is gone; waiting for it to come back", self.kubelet_socket)
+                registered_with = None
+                self.registered = False
+            elif kubelet != registered_with or not self.socket_path.exists():
+                self.registered = False
+                try:
+                    await self._restart_server()
+                    await self._register()
+                except (grpc.aio.AioRpcError, OSError) as exc:
+                    detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                    # Once per kubelet socket: a dead kubelet's socket would otherwise log every second.
+                    level = logging.DEBUG if kubelet == failed_with else logging.WARNING
+                    log.log(level, "registration with %s failed, will retry: %s", self.kubelet_socket, detail)
+                    failed_with = kubelet
+                else:
+                    registered_with = kubelet
+                    self.registrations += 1
+                    self.registered = True
+            await asyncio.sleep(self.watch_seconds)
+
+    # --- server and registration ---
+
+    async def _restart_server(self) -> None:
+        await self._stop_server()
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.socket_path.unlink(missing_ok=True)
+        server = grpc.aio.server()
+        _add_servicer(_Servicer(self), server)
+        if server.add_insecure_port(f"unix://{self.socket_path.absolute()}") == 0:
+            raise OSError(f"cannot listen on {self.socket_path}")
+        await server.start()
+        self._server = server
+        log.info("device plugin serving %s on %s", self.resource_name, self.socket_path)
+
+    async def _stop_server(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)  # ListAndWatch streams never end by themselves
+            self._server = None
+            self.socket_path.unlink(missing_ok=True)
+
+    async def _register(self) -> None:
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.socket_name,
+            resource_name=self.resource_name,
+            options=self.options(),
+        )
+        async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket.absolute()}") as channel:
+            await _REGISTRATION_STUB(channel).Register(request, timeout=self.timeout)
+        log.info("registered %s with the kubelet (%s)", self.resource_name, self.kubelet_socket)
+
+    def options(self) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    # --- answers, used by the servicer ---
+
+    async def device_lists(self) -> AsyncIterator[tuple[WayDevice, ...]]:
+        """The device list now, then after every change, forever."""
+        seen = -1
+        while True:
+            async with self._changed:
+                while self._version == seen:
+                    await self._changed.wait()
+                seen, devices = self._version, self._devices
+            yield devices
+
+
+def _device_message(device: WayDevice) -> api_pb2.Device:
+    topology = None
+    if device.numa_nodes:
+        topology = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in sorted(device.numa_nodes)])
+    return api_pb2.Device(ID=device.id, health=HEALTHY, topology=topology)
+
+
+class _Servicer:
+    """DevicePlugin over a CacheWaysPlugin (the generated base class is untyped, so it is not subclassed)."""
+
+    def __init__(self, plugin: CacheWaysPlugin) -> None:
+        self.plugin = plugin
+
+    async def GetDevicePluginOptions(  # gRPC method names
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.DevicePluginOptions:
+        return self.plugin.options()
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        async for devices in self.plugin.device_lists():
+            yield api_pb2.ListAndWatchResponse(devices=[_device_message(d) for d in devices])
+
+    async def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.PreferredAllocationResponse:
+        return api_pb2.PreferredAllocationResponse(
+            container_responses=[
+                api_pb2.ContainerPreferredAllocationResponse(
+                    deviceIDs=preferred_ways(
+                        list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size
+                    )
+                )
+                for r in request.container_requests
+            ]
+        )
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.AllocateResponse:
+        known = [d.id for d in self.plugin.devices]
+        responses = []
+        for container in request.container_requests:
+            try:
+                envs = allocation_envs(list(container.devices_ids), known)
+            except UnknownDevices as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            responses.append(api_pb2.ContainerAllocateResponse(envs=envs))
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
