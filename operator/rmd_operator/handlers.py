@@ -1,0 +1,264 @@
+"""kopf glue: which objects the operator watches and what it does on their events. No decisions here.
+
+Run with `rmd-operator run` (which loads the settings first) or `kopf run -m rmd_operator.handlers`; never in
+kopf's file mode (it would put this directory on sys.path).
+
+    RmdWorkload   a daemon per object runs reconcile passes: at start (creation, and every object when the
+                  operator starts, i.e. resume), when woken (spec change, a change of a node it may target),
+                  and when something is due (retry after backoff, drift check). Status is written by the
+                  reconciler itself; the deletion handler holds the finalizer until the workload is removed
+                  from every node.
+    Node          indexed by name (labels); label changes wake the workloads they may concern.
+    RmdNodeState  (written by each agent, in node_state_namespace only) indexed by node; changes wake the
+                  workloads of that node, reset its backoff, and occasionally trigger an orphan sweep.
+
+Every handler is a coroutine: kopf runs plain functions in worker threads, and the reconciler's state
+(asyncio events, tasks, gRPC channels) belongs to the event loop. Raw watch events, not on.update/on.field,
+trigger the wake-ups: they need no last-handled annotation, so the operator never writes to Nodes or
+RmdNodeStates (and to RmdWorkloads only their status and its finalizer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar, cast
+
+import kopf
+
+from rmd_operator.agent_client import AgentClients, close_quietly
+from rmd_operator.errors import ConfigError, RetryLater
+from rmd_operator.kube import GROUP, NODE_STATES, VERSION, WORKLOADS, StatusWriter
+from rmd_operator.reconcile import Cluster, Reconciler
+from rmd_operator.settings import OperatorSettings, active
+from rmd_operator.status import EventText
+from rmd_operator.targets import NodeAgent, node_agent
+
+log = logging.getLogger(__name__)
+
+# Read at import: the decorators below are evaluated now (rmd-operator run activates the settings first).
+SETTINGS = active()
+
+FINALIZER = "intel.com/rmd-operator"
+ANNOTATION_PREFIX = "rmd-operator.intel.com"
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def workload_in_scope(namespace: str | None, **_: Any) -> bool:
+    return not SETTINGS.namespaces or namespace in SETTINGS.namespaces
+
+
+def node_state_in_scope(namespace: str | None, **_: Any) -> bool:
+    # RmdNodeStates elsewhere are not the agents': an endpoint from them is never used.
+    return namespace == SETTINGS.node_state_namespace
+
+
+class _FirstValues(Mapping[_K, _V]):
+    """A kopf index (key -> store of values) seen as key -> its one value; live, not copied."""
+
+    def __init__(self, index: kopf.Index[_K, _V]) -> None:
+        self._index = index
+
+    def __getitem__(self, key: _K) -> _V:
+        for value in self._index[key]:
+            return value
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[_K]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+def _index(kwargs: Mapping[str, Any], name: str) -> kopf.Index[Any, Any]:
+    """An index, which kopf passes to handlers as a kwarg named after its function (kopf's callback protocols
+    cannot declare such kwargs, so they come through **kwargs)."""
+    index: kopf.Index[Any, Any] = kwargs[name]
+    return index
+
+
+def _cluster(kwargs: Mapping[str, Any]) -> Cluster:
+    return Cluster(_FirstValues(_index(kwargs, "node_labels")), _FirstValues(_index(kwargs, "node_agents")))
+
+
+def _post_event(body: Mapping[str, Any], event: EventText) -> None:
+    kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
+
+
+def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
+    settings.persistence.finalizer = FINALIZER
+    # Annotations, not status: the CRD's structural schema would prune kopf's status fields.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.enabled = True
+    settings.posting.loggers = False  # only the reconciler's explicit Events, not every log line
+    settings.posting.level = logging.INFO
+    settings.posting.reporting_component = "rmd-operator"
+    settings.posting.reporting_instance = ours.instance or socket.gethostname()
+    settings.watching.server_timeout = ours.watch_timeout_seconds
+    settings.watching.client_timeout = ours.watch_timeout_seconds + 10
+    settings.watching.connect_timeout = 10
+    logging.getLogger("rmd_operator").setLevel(ours.log_level.upper())
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    configure_kopf(settings, SETTINGS)
+    try:
+        clients = await AgentClients.create(SETTINGS)
+    except ConfigError as exc:  # unreadable certificates: retrying will not help
+        raise kopf.PermanentError(str(exc)) from None
+    writer = await StatusWriter.create()
+    memo.agent_clients = clients
+    memo.status_writer = writer
+    memo.reconciler = Reconciler(SETTINGS, agents=clients, status_sink=writer, events=_post_event)
+    log.info(
+        "rmd-operator started: workloads in %s, agents' RmdNodeStates in %s, %s to agents",
+        ", ".join(SETTINGS.namespaces) or "all namespaces",
+        SETTINGS.node_state_namespace,
+        "PLAINTEXT" if SETTINGS.insecure_agents else "mTLS",
+        extra={
+            "namespaces": list(SETTINGS.namespaces) or "all",
+            "node_state_namespace": SETTINGS.node_state_namespace,
+            "tls": not SETTINGS.insecure_agents,
+        },
+    )
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    reconciler: Reconciler | None = memo.get("reconciler")
+    if reconciler is not None:
+        await reconciler.close()
+    await close_quietly(memo.get("agent_clients"))
+    writer: StatusWriter | None = memo.get("status_writer")
+    if writer is not None:
+        await asyncio.to_thread(writer.close)
+
+
+# -- indexes: complete before any handler runs, so no pass ever sees half the cluster ---------------------
+
+
+@kopf.index("v1", "nodes")
+async def node_labels(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
+    return {name: dict(labels)}
+
+
+@kopf.index(GROUP, VERSION, NODE_STATES, when=node_state_in_scope)
+async def node_agents(body: kopf.Body, **_: Any) -> dict[str, NodeAgent]:
+    agent = node_agent(body)
+    return {agent.node: agent} if agent is not None else {}
+
+
+@kopf.index(GROUP, VERSION, WORKLOADS, when=workload_in_scope)
+async def workload_uids(namespace: str | None, name: str, uid: str, **_: Any) -> dict[tuple[str, str], str]:
+    return {(namespace or "", name): uid}
+
+
+# -- wake-ups --------------------------------------------------------------------------------------------
+
+
+@kopf.on.event("v1", "nodes")
+async def node_event(type: str, name: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+    reconciler: Reconciler = memo.reconciler
+    reconciler.node_changed(name, None if type == "DELETED" else dict(labels))
+
+
+@kopf.on.event(GROUP, VERSION, NODE_STATES, when=node_state_in_scope)
+async def node_state_event(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:  # noqa: A002
+    reconciler: Reconciler = memo.reconciler
+    node = (body.get("spec") or {}).get("node")
+    if not isinstance(node, str) or not node:
+        return
+    agent = None if type == "DELETED" else node_agent(body)
+    reconciler.agent_changed(node, agent)
+    if not (SETTINGS.remove_orphans and agent is not None and agent.endpoint and agent.ready is not False):
+        return
+    if reconciler.sweep_due(node):
+        uids = _index(kwargs, "workload_uids")
+
+        def existing_uid(namespace: str, name: str) -> str | None:
+            for uid in uids.get((namespace, name), ()):
+                return str(uid)
+            return None
+
+        reconciler.spawn(reconciler.sweep_orphans(node, agent.endpoint, existing_uid, workload_in_scope))
+
+
+@kopf.on.event(GROUP, VERSION, WORKLOADS, when=workload_in_scope)
+async def workload_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+    if type != "DELETED":
+        reconciler: Reconciler = memo.reconciler
+        reconciler.workload_changed(body)
+
+
+# -- the workloads ---------------------------------------------------------------------------------------
+
+
+async def _until_stopped(stopped: kopf.DaemonStopped) -> None:
+    await stopped.wait()
+
+
+async def _sleep(wake: asyncio.Event, delay: float, stopped: kopf.DaemonStopped) -> None:
+    """Sleep until `delay` passes, the workload is woken, or the daemon is told to stop."""
+    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(_until_stopped(stopped))]
+    try:
+        await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        wake.clear()  # the next pass covers every wake-up until now
+
+
+@kopf.daemon(
+    GROUP,
+    VERSION,
+    WORKLOADS,
+    id="reconcile",
+    when=workload_in_scope,
+    # Asked to stop, the daemon finishes its pass; it is cancelled only if that takes longer than this.
+    cancellation_backoff=SETTINGS.agent_call_timeout_seconds + 5,
+    cancellation_timeout=5.0,
+)
+async def reconcile_workload(
+    *, body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    reconciler: Reconciler = memo.reconciler
+    wake = reconciler.attach(body)
+    try:
+        while not stopped:
+            try:
+                delay = await reconciler.reconcile(body, _cluster(kwargs))
+            except Exception:
+                log.exception(
+                    "reconcile pass of %s/%s failed",
+                    body.metadata.namespace,
+                    body.metadata.name,
+                    extra={"workload": f"{body.metadata.namespace}/{body.metadata.name}"},
+                )
+                delay = SETTINGS.retry_initial_seconds
+            await _sleep(wake, delay, stopped)
+    finally:
+        reconciler.detach(str(body.metadata.uid))
+
+
+@kopf.on.delete(GROUP, VERSION, WORKLOADS, id="remove-from-nodes", when=workload_in_scope)
+async def remove_from_nodes(*, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    reconciler: Reconciler = memo.reconciler
+    try:
+        await reconciler.finalize(body, _cluster(kwargs))
+    except RetryLater as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
+
+
+@kopf.on.probe(id="rmd")
+async def probe(memo: kopf.Memo, **_: Any) -> dict[str, int]:
+    reconciler: Reconciler | None = memo.get("reconciler")
+    return reconciler.health() if reconciler is not None else {}

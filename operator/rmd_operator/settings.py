@@ -1,0 +1,240 @@
+"""The operator's one settings object. Precedence: command-line flags > environment > config file > defaults.
+
+Environment variables are the field names upper-cased with an RMD_OPERATOR_ prefix
+(RMD_OPERATOR_DRIFT_INTERVAL_SECONDS); POD_NAMESPACE and POD_NAME (what the downward API conventionally sets)
+are read too, as fallbacks for node_state_namespace and instance. Nothing else in the operator reads
+os.environ. List settings (namespaces) take a YAML list in the file and a comma-separated string in a flag or
+variable. Each field's `help` metadata is its flag's help text and its line in docs/operator.md.
+
+kopf evaluates decorator arguments when the handlers module is imported, so the settings must be final before
+that import: `rmd-operator run` loads them, calls `activate`, and only then lets kopf import
+rmd_operator.handlers. Run as `kopf run -m rmd_operator.handlers`, the handlers module activates the settings
+from the environment and the config file itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rmd_operator.errors import ConfigError
+
+ENV_PREFIX = "RMD_OPERATOR_"
+CONFIG_ENV = "RMD_OPERATOR_CONFIG"
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+NODE_PLACEHOLDER = "{node}"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    namespaces: tuple[str, ...] = field(
+        default=(), metadata={"help": "namespaces whose RmdWorkloads are handled; empty: all namespaces"}
+    )
+    node_state_namespace: str = field(
+        default="default",
+        metadata={
+            "help": "namespace where the agents write their RmdNodeStates (also read from $POD_NAMESPACE); "
+            "RmdNodeStates elsewhere are ignored"
+        },
+    )
+    agent_ca: Path = field(
+        default=Path("/etc/rmd-operator/tls/ca.crt"),
+        metadata={"help": "PEM CA bundle the agents' serving certificates must chain to"},
+    )
+    client_cert: Path = field(
+        default=Path("/etc/rmd-operator/tls/tls.crt"),
+        metadata={"help": "PEM client certificate (chain) the operator presents to the agents"},
+    )
+    client_key: Path = field(
+        default=Path("/etc/rmd-operator/tls/tls.key"), metadata={"help": "PEM private key of client_cert"}
+    )
+    agent_server_name: str = field(
+        default="rmd-agent.{node}",
+        metadata={"help": "name an agent's certificate must carry (DNS SAN); {node} is the node's name"},
+    )
+    insecure_agents: bool = field(
+        default=False,
+        metadata={"help": "talk to agents in plaintext without TLS or identity checks (warns; development)"},
+    )
+    agent_call_timeout_seconds: float = field(
+        default=10.0, metadata={"help": "deadline of every call to an agent"}
+    )
+    agent_max_calls: int = field(
+        default=8, metadata={"help": "calls in flight to one agent at most (more wait their turn)"}
+    )
+    retry_initial_seconds: float = field(
+        default=2.0, metadata={"help": "first delay before retrying an unreachable agent (then doubled)"}
+    )
+    retry_max_seconds: float = field(
+        default=300.0, metadata={"help": "longest delay between retries of an unreachable agent"}
+    )
+    drift_interval_seconds: float = field(
+        default=60.0,
+        metadata={
+            "help": "how often each workload is checked against its agents (and re-applied where missing); "
+            "also the retry interval of rejections that may pass later (capacity, conflicts)"
+        },
+    )
+    remove_orphans: bool = field(
+        default=True,
+        metadata={
+            "help": "remove workloads an agent holds for RmdWorkloads that no longer exist (in the handled "
+            "namespaces)"
+        },
+    )
+    peering: str = field(
+        default="",
+        metadata={"help": "kopf peering object name for several replicas; empty: standalone (one replica)"},
+    )
+    priority: int = field(default=0, metadata={"help": "this replica's peering priority"})
+    liveness_listen: str = field(
+        default="0.0.0.0:8080", metadata={"help": "host:port of the /healthz liveness endpoint; empty: none"}
+    )
+    log_format: str = field(default="text", metadata={"help": "log format: text or json"})
+    log_level: str = field(default="info", metadata={"help": "log level: debug, info, warning or error"})
+    watch_timeout_seconds: int = field(
+        default=300, metadata={"help": "server-side timeout of each API watch request (then re-watched)"}
+    )
+    instance: str = field(
+        default="",
+        metadata={"help": "this replica's name in Events (also read from $POD_NAME); empty: the host name"},
+    )
+
+    def server_name(self, node: str) -> str:
+        """The identity the agent on `node` must prove (its certificate's DNS SAN)."""
+        return self.agent_server_name.replace(NODE_PLACEHOLDER, node)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: _plain(v) for k, v in dataclasses.asdict(self).items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _coerce(name: str, raw: Any, default: Any) -> Any:
+    try:
+        if isinstance(default, bool):
+            if isinstance(raw, str):
+                if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(raw)
+                return raw.lower() in ("1", "true", "yes")
+            if not isinstance(raw, bool):
+                raise ValueError(raw)
+            return raw
+        if isinstance(default, Path):
+            return Path(raw)
+        if isinstance(default, tuple):
+            items = raw.split(",") if isinstance(raw, str) else raw
+            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+                raise ValueError(raw)
+            return tuple(i.strip() for i in items if i.strip())
+        if isinstance(default, int | float) and isinstance(raw, bool):
+            raise ValueError(raw)
+        return type(default)(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"setting {name}: {raw!r} is not a valid {type(default).__name__}") from None
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of setting names to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _check(s: OperatorSettings) -> None:
+    if s.log_format not in LOG_FORMATS:
+        raise ConfigError(f"setting log_format: {s.log_format!r} must be 'text' or 'json'")
+    if s.log_level not in LOG_LEVELS:
+        raise ConfigError(f"setting log_level: {s.log_level!r} must be one of {', '.join(LOG_LEVELS)}")
+    if s.agent_server_name.count(NODE_PLACEHOLDER) != 1:
+        raise ConfigError(
+            f"setting agent_server_name: {s.agent_server_name!r} must contain {NODE_PLACEHOLDER} once, "
+            "so that each agent proves it is the agent of the node it claims to be"
+        )
+    for name in ("agent_call_timeout_seconds", "retry_initial_seconds", "drift_interval_seconds"):
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"setting {name}: must be positive, not {getattr(s, name)}")
+    if s.retry_max_seconds < s.retry_initial_seconds:
+        raise ConfigError(
+            f"setting retry_max_seconds: {s.retry_max_seconds} is below retry_initial_seconds "
+            f"{s.retry_initial_seconds}"
+        )
+    if s.agent_max_calls < 1:
+        raise ConfigError(f"setting agent_max_calls: must be at least 1, not {s.agent_max_calls}")
+    if s.watch_timeout_seconds <= 0:
+        raise ConfigError(f"setting watch_timeout_seconds: must be positive, not {s.watch_timeout_seconds}")
+    if not s.node_state_namespace:
+        raise ConfigError("setting node_state_namespace: must name the namespace of the RmdNodeStates")
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> OperatorSettings:
+    """Build the settings from flags (only those given, i.e. not None), environment and an optional file."""
+    environ = environ or {}
+    known = {f.name: f.default for f in fields(OperatorSettings)}
+    if config_file is None and environ.get(CONFIG_ENV):
+        config_file = Path(environ[CONFIG_ENV])
+    layers: list[dict[str, Any]] = [_read_config_file(config_file)] if config_file else []
+    env_layer = {
+        name: environ[ENV_PREFIX + name.upper()] for name in known if ENV_PREFIX + name.upper() in environ
+    }
+    # The downward API's conventional names, below the prefixed ones.
+    if "node_state_namespace" not in env_layer and environ.get("POD_NAMESPACE"):
+        env_layer["node_state_namespace"] = environ["POD_NAMESPACE"]
+    if "instance" not in env_layer and environ.get("POD_NAME"):
+        env_layer["instance"] = environ["POD_NAME"]
+    layers.append(env_layer)
+    layers.append({k: v for k, v in (flags or {}).items() if v is not None})
+    values: dict[str, Any] = {}
+    for layer in layers:
+        unknown = sorted(set(layer) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        values.update({k: _coerce(k, v, known[k]) for k, v in layer.items()})
+    settings = OperatorSettings(**values)
+    _check(settings)
+    return settings
+
+
+def dump_settings(settings: OperatorSettings) -> str:
+    return json.dumps(settings.as_dict(), indent=2, sort_keys=True)
+
+
+# -- the settings of this process ----------------------------------------------------------------------------
+
+_active: OperatorSettings | None = None
+
+
+def activate(settings: OperatorSettings) -> None:
+    """Make `settings` the process's settings; call before rmd_operator.handlers is imported."""
+    global _active  # noqa: PLW0603  # the one process-wide value, set once at start
+    _active = settings
+
+
+def active() -> OperatorSettings:
+    """The process's settings; loaded from the environment (and its config file) if nobody activated any,
+    which is what happens under a plain `kopf run -m rmd_operator.handlers`."""
+    if _active is None:
+        activate(load_settings(environ=os.environ))
+    assert _active is not None
+    return _active
