@@ -69,9 +69,6 @@ log = logging.getLogger(__name__)
 
 StepHook = Callable[[str], None]
 
-# Planning sees another tool's group whose name starts with "rmd-" under this prefix, so the planner (which
-# tells ours from theirs by the prefix) counts its CLOSID and keeps off its CPUs and ways.
-FOREIGN_ALIAS = "~"
 PROBE_TTL_S = 30.0
 RDT_CPU_FLAGS = frozenset({"rdt_a", "cat_l3"})
 STATUS_OK = "Successful"
@@ -489,29 +486,28 @@ class NodeEngine:
     def _plan(
         self, inventory: NodeInventory, target: AgentState, current: ResctrlState | None
     ) -> tuple[Layout, dict[str, WorkloadRejected], Sequence[Operation]]:
-        view, aliases = planning_view(current, target.owned_groups)
-        foreign = {g.name for g in current.groups if g.name not in target.owned_groups} if current else set()
+        registered = target.owned_groups.__contains__
+        foreign = {g.name for g in current.groups if not registered(g.name)} if current else set()
         excluded: dict[str, WorkloadRejected] = {}
         while True:
             workloads = [r.request for r in target.workloads if r.key not in excluded]
-            layout = plan_layout(inventory, workloads, view)
+            layout = plan_layout(inventory, workloads, current, owned=registered)
             clashes = [g for g in layout.groups if g.name in foreign]
             if not clashes:
                 break
-            for (
-                group
-            ) in clashes:  # a group name another tool already uses: mkdir would fail, and it is theirs
+            # A group name another tool already uses: mkdir would fail, and the group is theirs.
+            for group in clashes:
                 for key in group.workloads:
                     excluded[key] = WorkloadRejected(
                         RejectReason.CONFLICT,
                         f"resctrl group {group.name} already exists and was not created by this agent",
                         key,
                     )
-        rejected = {key: _unalias(exc, aliases) for key, exc in layout.rejected.items()} | excluded
+        rejected = dict(layout.rejected) | excluded
         if current is None:
             return layout, rejected, []
         ours = target.owned_groups | {g.name for g in layout.groups}
-        return layout, rejected, diff(view, layout, owned=ours.__contains__)
+        return layout, rejected, diff(current, layout, owned=ours.__contains__)
 
     def _originals_for(
         self, accepted: Sequence[Workload], saved: Mapping[int, FreqLimits]
@@ -664,33 +660,6 @@ class NodeEngine:
             self._step_hook(what)
 
 
-def planning_view(
-    current: ResctrlState | None, owned: frozenset[str]
-) -> tuple[ResctrlState | None, dict[str, str]]:
-    """`current` with other tools' groups named "rmd-..." renamed (alias -> real name), so the planner treats
-    them as foreign. Unchanged when there are none."""
-    if current is None:
-        return None, {}
-    aliases = {}
-    groups = []
-    for g in current.groups:
-        if g.name.startswith("rmd-") and g.name not in owned:
-            alias = FOREIGN_ALIAS + g.name
-            aliases[alias] = g.name
-            g = dataclasses.replace(g, name=alias)
-        groups.append(g)
-    if not aliases:
-        return current, {}
-    return dataclasses.replace(current, groups=tuple(sorted(groups, key=lambda g: g.name))), aliases
-
-
-def _unalias(exc: WorkloadRejected, aliases: Mapping[str, str]) -> WorkloadRejected:
-    message = exc.message
-    for alias, name in aliases.items():
-        message = message.replace(alias, name)
-    return exc if message == exc.message else WorkloadRejected(exc.reason, message, exc.workload)
-
-
 def create_engine(settings: AgentSettings) -> NodeEngine:
     """The engine `rmd-agent serve` runs (rmd_agent.server.app)."""
     return NodeEngine(settings)
@@ -701,6 +670,5 @@ __all__ = [
     "NodeFacts",
     "create_engine",
     "cross_check_cpus",
-    "planning_view",
     "read_node_facts",
 ]

@@ -1,4 +1,5 @@
-"""Linux cpu-list syntax ("0-3,8,10-11"), as sysfs, resctrl's cpus_list and the kubelet use it."""
+"""Linux cpu-list syntax ("0-3,8,10-11"), as sysfs, resctrl's cpus_list and the kubelet use it, and the
+kernel's hex cpumask ("ff,00000001") of sysfs and resctrl's cpus files."""
 
 from __future__ import annotations
 
@@ -46,3 +47,18 @@ def parse_cpu_mask(text: str) -> frozenset[int]:
     """Parse a sysfs hex cpumask ("ff,00000001", comma-separated 32-bit words) into cpu numbers."""
     value = int(text.strip().replace(",", "") or "0", 16)
     return frozenset(i for i in range(value.bit_length()) if value >> i & 1)
+
+
+def format_cpu_mask(cpus: Iterable[int], nbits: int) -> str:
+    """The kernel's `%*pb` cpumask of an `nbits`-CPU bitmap ("ff,00000001"): comma-separated 32-bit hex words,
+    highest first, the first only as wide as its bits need."""
+    value = 0
+    for cpu in cpus:
+        value |= 1 << cpu
+    words = max(1, (nbits + 31) // 32)
+    first_bits = nbits - 32 * (words - 1) if nbits else 32
+    chunks = []
+    for i in range(words - 1, -1, -1):
+        width = (first_bits + 3) // 4 if i == words - 1 else 8
+        chunks.append(f"{(value >> (32 * i)) & 0xFFFFFFFF:0{width}x}")
+    return ",".join(chunks)

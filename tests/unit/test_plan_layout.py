@@ -716,6 +716,28 @@ def test_other_tools_ways_are_avoided_and_named_in_rejections() -> None:
     )
 
 
+def test_ownership_is_the_callers_predicate() -> None:
+    """A group named like ours that the caller does not own is another tool's: its ways, CPUs and CLOSID
+    are respected; the default predicate (the name prefix) would have taken it for ours."""
+    node = make_node(closids=3)
+    lookalike = [sim.Group("rmd-foo", {"L3": {0: 0b1100, 1: 0x7FF}}, frozenset({7}))]
+    seen = observed(sim_state(node, lookalike), node)
+    wanted = [wl("a", {1}, 2), wl("d", {6, 7}, 1)]
+    by_prefix = plan_layout(node, wanted, seen)
+    assert not by_prefix.rejected
+    layout = plan_layout(node, wanted, seen, owned=frozenset().__contains__)
+    assert l3(layout, group_name("default", "a"))[0] == 0b110000  # off rmd-foo's ways
+    taken = layout.rejected["default/d"]
+    assert (taken.reason, taken.message) == (
+        RejectReason.CONFLICT,
+        "CPU 7 is in resctrl group 'rmd-foo', which another tool manages",
+    )
+    full = plan_layout(node, [wl("a", {1}, 2), wl("b", {2}, 1)], seen, owned=frozenset().__contains__)
+    assert set(full.rejected) == {"default/b"} and "no free CLOS" in full.rejected["default/b"].message
+    planned = frozenset(g.name for g in layout.groups)
+    assert all(op.group != "rmd-foo" for op in diff(seen, layout, owned=planned.__contains__))
+
+
 def test_guaranteed_ways_avoid_those_shared_with_io() -> None:
     node = make_node(shareable=0b110000)  # e.g. DDIO on ways 4-5
     layout = plan_layout(node, [wl("a", {1}, 2)])

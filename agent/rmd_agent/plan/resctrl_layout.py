@@ -27,9 +27,11 @@ workload's domains (percentages rounded up to bandwidth_gran, as the kernel does
 The root group's MB line is left alone.
 
 Our groups are named `rmd-<namespace>.<name>` (a namespace cannot contain ".", so the split is unambiguous),
-sanitised and cut to 64 characters with a hash suffix when needed. Every other group belongs to someone
-else: its CLOSID counts against num_closids, its CPUs cannot be taken, and its ways (unless its mask is the
-full cbm_mask, i.e. unrestricted) are never given to our groups. `diff` never touches it.
+sanitised and cut to 64 characters with a hash suffix when needed. Which existing groups are ours is the
+caller's `owned` predicate (the engine passes the groups its registry records; `is_owned`, the prefix, is the
+default for callers without one). Every other group belongs to someone else: its CLOSID counts against
+num_closids, its CPUs cannot be taken, and its ways (unless its mask is the full cbm_mask, i.e. unrestricted)
+are never given to our groups. `diff` never touches it.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def group_of(workload: Workload) -> str:
 
 
 def is_owned(name: str) -> bool:
-    """Groups this agent created (and may change or remove)."""
+    """Whether a group is ours by its name alone: the default for callers without a registry of the groups
+    they created (tests, benchmarks)."""
     return name.startswith(PREFIX)
 
 
@@ -246,12 +249,14 @@ def _group_mask(group: ResctrlGroup, resource: str, domain: int) -> int | None:
 
 
 class _Planner:
-    def __init__(self, node: NodeInventory, current: ResctrlState | None) -> None:
+    def __init__(
+        self, node: NodeInventory, current: ResctrlState | None, owned: Callable[[str], bool]
+    ) -> None:
         self.node = node
         self.l3 = node.l3
         self.current_groups = {g.name: g for g in current.groups} if current else {}
-        self.ours = {n: g for n, g in self.current_groups.items() if is_owned(n)}
-        self.foreign = {n: g for n, g in self.current_groups.items() if not is_owned(n)}
+        self.ours = {n: g for n, g in self.current_groups.items() if owned(n)}
+        self.foreign = {n: g for n, g in self.current_groups.items() if not owned(n)}
         self.foreign_cpus = {cpu: g.name for g in self.foreign.values() for cpu in g.cpus}
         self.rejected: dict[str, WorkloadRejected] = {}
         self.accepted: list[Workload] = []
@@ -584,19 +589,24 @@ class _Planner:
 
 
 def plan_layout(
-    node: NodeInventory, workloads: Sequence[Workload], current: ResctrlState | None = None
+    node: NodeInventory,
+    workloads: Sequence[Workload],
+    current: ResctrlState | None = None,
+    owned: Callable[[str], bool] = is_owned,
 ) -> Layout:
     """The resctrl tree these workloads need on this node, given the tree as it is (`current`; None for a
-    fresh mount). Workloads that cannot be enforced are left out and listed in `Layout.rejected` with the
-    reason; they are placed in order, those that already have their group first, so a newcomer never evicts
-    a running workload. Deterministic, and planning again over the applied result gives the same layout and
-    the same rejected workloads (a reason may change once: refused for capacity, then for the CPUs of a
-    workload that has its group by then). ConfigError if the node's pool settings cannot work."""
+    fresh mount). Groups of `current` for which `owned(name)` holds are ours (their placements are kept);
+    every other one is another tool's (its CLOSID, CPUs and ways are left alone). Workloads that cannot be
+    enforced are left out and listed in `Layout.rejected` with the reason; they are placed in order, those
+    that already have their group first, so a newcomer never evicts a running workload. Deterministic, and
+    planning again over the applied result gives the same layout and the same rejected workloads (a reason
+    may change once: refused for capacity, then for the CPUs of a workload that has its group by then).
+    ConfigError if the node's pool settings cannot work."""
     keys = [w.key for w in workloads]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
         raise ValueError(f"workloads must be unique per namespace/name; repeated: {', '.join(duplicates)}")
-    planner = _Planner(node, current)
+    planner = _Planner(node, current, owned)
     planner.admit_all(workloads)
     layout = planner.layout()
     position = {key: i for i, key in enumerate(keys)}
