@@ -21,6 +21,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 # (program, module, class, environment prefix, one-line description)
 SETTINGS = [
     ("rmd-agent", "rmd_agent.settings", "AgentSettings", "RMD_", "the node agent (`probe` and `serve`)"),
+    ("rmd-operator", "rmd_operator.settings", "OperatorSettings", "RMD_OPERATOR_", "the operator"),
 ]
 
 HEADER = """# Configuration reference
@@ -68,7 +69,9 @@ def render() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="only report drift")
     text = render()
     if parser.parse_args().check:

@@ -320,6 +320,7 @@ class ControlPlane:
         *,
         crds: Iterable[Path] = (),
         controllers: Sequence[str] = DEFAULT_CONTROLLERS,
+        scheduler: bool = False,
         start_timeout: float = 120.0,
     ) -> None:
         self.bin_dir = Path(bin_dir)
@@ -330,6 +331,7 @@ class ControlPlane:
         self.startup_seconds: float | None = None
         self._crds = list(crds)
         self._controllers = list(controllers)
+        self._scheduler = scheduler  # the real kube-scheduler, for simulated clusters whose pods need binding
         self._start_timeout = start_timeout
         self._ca: pki.CertificateAuthority | None = None
         self._apiserver_port: int | None = None
@@ -356,7 +358,7 @@ class ControlPlane:
         deadline = began + self._start_timeout
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         try:
-            etcd_port, etcd_peer_port, apiserver_port, kcm_port = _free_loopback_ports(4)
+            etcd_port, etcd_peer_port, apiserver_port, kcm_port, scheduler_port = _free_loopback_ports(5)
             self._apiserver_port = apiserver_port
             self._write_pki()
             self._start_etcd(etcd_port, etcd_peer_port, deadline)
@@ -364,6 +366,8 @@ class ControlPlane:
             if self._crds:
                 self.apply_crds(self._crds, timeout=max(1.0, deadline - time.monotonic()))
             self._start_controller_manager(kcm_port, deadline)
+            if self._scheduler:
+                self._start_scheduler(scheduler_port, deadline)
         except BaseException:
             self.stop()
             raise
@@ -420,6 +424,9 @@ class ControlPlane:
         _write_private(
             self.workdir / "controller-manager.kubeconfig",
             self._kubeconfig_yaml("system:kube-controller-manager", ["system:masters"]),
+        )
+        _write_private(
+            self.workdir / "scheduler.kubeconfig", self._kubeconfig_yaml("system:kube-scheduler", [])
         )
 
     def _kubeconfig_yaml(self, user: str, groups: Sequence[str]) -> bytes:
@@ -508,6 +515,29 @@ class ControlPlane:
             ],
         )
         # The secure port serves a self-signed certificate; /healthz is always allowed without credentials.
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        _wait_until(proc, lambda: _http_get(port, "/healthz", context)[0] == 200, deadline, "healthy")
+
+    def _start_scheduler(self, port: int, deadline: float) -> None:
+        # system:kube-scheduler is bound by the API server's bootstrap RBAC to exactly what it needs.
+        kubeconfig = self.workdir / "scheduler.kubeconfig"
+        proc = self._launch(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--authentication-skip-lookup=true",
+                f"--client-ca-file={self.pki_dir / 'ca.crt'}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'scheduler'}",
+                "--profiling=false",
+            ],
+        )
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE

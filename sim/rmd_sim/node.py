@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any, Self
 
 import grpc
+import kubernetes
 import yaml
 
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.kubelet import SimKubelet
+from rmd_sim.kubelet_api import KubeletNode
 from rmd_sim.netutil import free_port
 from rmd_sim.pki import CertificateAuthority
 from rmd_sim.resctrl import check_resctrl_tree
@@ -91,6 +93,9 @@ class SimNode:
         spec: NodeSpec | None = None,
         agent_settings: dict[str, Any] | None = None,
         kubelet: bool = True,
+        kubeconfig: Path | None = None,
+        labels: dict[str, str] | None = None,
+        node_state_namespace: str = "default",
     ) -> None:
         self.name = name
         self.workdir = workdir
@@ -98,7 +103,13 @@ class SimNode:
         self.pki = pki
         self.spec = spec or NodeSpec.default()
         self.extra_settings = dict(agent_settings or {})
-        self.with_kubelet = kubelet
+        self.with_kubelet = kubelet or kubeconfig is not None
+        # With a kubeconfig the node joins the API server: its kubelet registers the Node and runs the pods
+        # bound to it, and its agent publishes RmdNodeState and NodeResourceTopology.
+        self.kubeconfig = kubeconfig
+        self.labels = dict(labels or {})
+        self.node_state_namespace = node_state_namespace
+        self.kubelet_node: KubeletNode | None = None
         self.grpc_port = free_port()
         self.http_port = free_port()
         self.mount = ResctrlMount(self.root)
@@ -121,8 +132,18 @@ class SimNode:
             "tls_key": str(key),
             "tls_client_ca": str(self.pki.ca_file),
             "allowed_clients": [OPERATOR_IDENTITY],
-            "nrt_enabled": False,  # needs a kubeconfig: pass nrt_enabled/kubeconfig in agent_settings
+            **self.kubernetes_settings(),
             **self.extra_settings,
+        }
+
+    def kubernetes_settings(self) -> dict[str, Any]:
+        if self.kubeconfig is None:
+            return {"nrt_enabled": False, "node_state_enabled": False}
+        return {
+            "kubeconfig": str(self.kubeconfig),
+            "nrt_enabled": True,
+            "node_state_enabled": True,
+            "node_state_namespace": self.node_state_namespace,
         }
 
     async def start(self) -> None:
@@ -131,8 +152,12 @@ class SimNode:
             write_host_tree(self.spec, self.root)
         await asyncio.to_thread(self.mount.start)
         if self.with_kubelet:
-            self.kubelet = SimKubelet.from_host_tree(self.root)
+            self.kubelet = SimKubelet.from_host_tree(self.root, device_plugins=self.kubeconfig is not None)
             await self.kubelet.__aenter__()
+        if self.kubelet is not None and self.kubeconfig is not None:
+            api = await asyncio.to_thread(kubernetes.config.new_client_from_config, str(self.kubeconfig))
+            self.kubelet_node = KubeletNode(self.kubelet, api, self.name, labels=self.labels)
+            await self.kubelet_node.__aenter__()
         await self.start_agent()
 
     async def start_agent(self) -> None:
@@ -182,6 +207,9 @@ class SimNode:
 
     async def stop(self) -> None:
         await self.stop_agent()
+        if self.kubelet_node is not None:
+            await self.kubelet_node.__aexit__(None, None, None)
+            self.kubelet_node = None
         if self.kubelet is not None:
             await self.kubelet.__aexit__(None, None, None)
             self.kubelet = None

@@ -1,0 +1,179 @@
+"""A whole simulated cluster: the real control plane, simulated nodes (each with a simulated kubelet joined to
+the API server and a real agent process), and the real operator process. End-to-end tests, benchmarks and
+the demo build on it.
+
+    async with SimCluster(workdir, nodes=["worker-node-1", "worker-node-2"]) as cluster:
+        cluster.kubectl("apply", "-f", "examples/")
+        ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Self
+
+import kubernetes
+import yaml
+
+from rmd_sim.control_plane import ControlPlane, find_bin_dir, repo_root
+from rmd_sim.netutil import free_port
+from rmd_sim.node import ClusterPki, SimNode
+from rmd_sim.spec import NodeSpec
+
+RDT_LABEL = "feature.node.kubernetes.io/cpu-rdt.RDTL3CA"  # what node-feature-discovery sets
+SYSTEM_NAMESPACE = "rmd-system"
+
+
+class OperatorProcessError(RuntimeError):
+    """The operator exited or did not become live; the message ends with its log."""
+
+
+class SimCluster:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        nodes: Iterable[str] = ("worker-node-1", "worker-node-2", "worker-node-3"),
+        spec: NodeSpec | None = None,
+        labels: Mapping[str, str] | None = None,
+        control_plane: ControlPlane | None = None,
+        operator_settings: Mapping[str, Any] | None = None,
+        agent_settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.node_names = list(nodes)
+        self.spec = spec or NodeSpec.default()
+        self.labels = {RDT_LABEL: "true", **(labels or {})}
+        self._own_control_plane = control_plane is None
+        self.control_plane = control_plane
+        self.operator_settings = dict(operator_settings or {})
+        self.agent_settings = dict(agent_settings or {})
+        self.pki = ClusterPki(workdir / "pki")
+        self.nodes: dict[str, SimNode] = {}
+        self.operator: subprocess.Popen[bytes] | None = None
+        self.operator_log = workdir / "operator.log"
+        self.liveness_port = free_port()
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.control_plane is not None, "start() first"
+        return self.control_plane.kubeconfig
+
+    def api_client(self) -> Any:
+        """A kubernetes.client.ApiClient with admin rights."""
+        assert self.control_plane is not None, "start() first"
+        return self.control_plane.api_client()
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        assert self.control_plane is not None, "start() first"
+        return self.control_plane.kubectl(*args, check=check)
+
+    async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.control_plane is None:
+            crds = sorted((repo_root() / "crds").glob("*.yaml"))
+            # Started in this (long-lived) thread: its components die with the thread that started them.
+            self.control_plane = ControlPlane(
+                find_bin_dir(), self.workdir / "control-plane", crds=crds, scheduler=True
+            )
+            self.control_plane.start()
+        with self.api_client() as api, contextlib.suppress(kubernetes.client.ApiException):
+            kubernetes.client.CoreV1Api(api).create_namespace(
+                kubernetes.client.V1Namespace(metadata=kubernetes.client.V1ObjectMeta(name=SYSTEM_NAMESPACE))
+            )
+        for name in self.node_names:
+            self.nodes[name] = SimNode(
+                name,
+                self.workdir / name,
+                self.pki,
+                spec=self.spec,
+                kubeconfig=self.kubeconfig,
+                labels=self.labels,
+                node_state_namespace=SYSTEM_NAMESPACE,
+                agent_settings=self.agent_settings,
+            )
+        await asyncio.gather(*(node.start() for node in self.nodes.values()))
+        await self.start_operator()
+
+    def operator_config(self) -> dict[str, Any]:
+        return {
+            "agent_ca": str(self.pki.ca_file),
+            "client_cert": str(self.pki.client_cert),
+            "client_key": str(self.pki.client_key),
+            "node_state_namespace": SYSTEM_NAMESPACE,
+            "liveness_listen": f"127.0.0.1:{self.liveness_port}",
+            **self.operator_settings,
+        }
+
+    async def start_operator(self) -> None:
+        config = self.workdir / "operator.yaml"
+        config.write_text(yaml.safe_dump(self.operator_config(), sort_keys=True))
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "NO_PROXY": "127.0.0.1,localhost"}
+        self.operator = await asyncio.to_thread(self._spawn_operator, config, env)
+        await self._wait_operator_live()
+
+    def _spawn_operator(self, config: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with self.operator_log.open("ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "rmd_operator", "run", "--standalone", "--config", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+
+    async def _wait_operator_live(self, within: float = 60.0) -> None:
+        url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self.operator is None or self.operator.poll() is not None:
+                raise OperatorProcessError(f"operator exited:\n{self.operator_log_tail()}")
+            with contextlib.suppress(OSError):
+                if await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=1).status) == 200:
+                    return
+            await asyncio.sleep(0.2)
+        raise OperatorProcessError(f"operator not live after {within:.0f}s:\n{self.operator_log_tail()}")
+
+    def operator_log_tail(self, lines: int = 40) -> str:
+        if not self.operator_log.exists():
+            return "(no log)"
+        return "\n".join(self.operator_log.read_text(errors="replace").splitlines()[-lines:])
+
+    async def stop_operator(self, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
+        """Stop the operator (SIGKILL simulates a crash)."""
+        proc, self.operator = self.operator, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            await asyncio.to_thread(proc.wait, grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(proc.wait)
+
+    async def stop(self) -> None:
+        await self.stop_operator()
+        await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
+        if self._own_control_plane and self.control_plane is not None:
+            self.control_plane.stop()
+            self.control_plane = None
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
