@@ -1,61 +1,266 @@
-"""`python -m rmd_sim demo`: the newcomer's first look, for now on one simulated node.
+"""`python -m rmd_sim demo`: the whole system on one machine, in one command.
 
-It writes a simulated node, starts its simulated kubelet, admits a Guaranteed pod the way the static CPU
-manager would, and shows what the agent's probe sees there next to what it sees on this machine. The full
-demo (control plane, operator, three agents, the sample workloads) replaces this as those parts land.
+A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), the operator, and three
+simulated nodes worker-node-1..3 (each: simulated hardware with RDT, MBA and RAPL, a simulated kubelet joined
+to the API server, a real agent over mTLS). It applies the sample manifests (rmd-operator users' samples when
+../shared/samples exists, else examples/), lets the nodes burn some simulated CPU, and prints what happened:
+each workload per node, one node's NUMA topology as the scheduler sees it, a few power figures. Everything
+stops at the end unless --stay is given.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
+import re
 import shutil
+import sys
 import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rmd_agent.probe import format_table, probe_async
-from rmd_agent.settings import AgentSettings
-from rmd_api.cpuset import format_cpu_list
-from rmd_sim.hosttree import summary, write_host_tree
-from rmd_sim.kubelet import ContainerSpec, SimKubelet
-from rmd_sim.spec import load_spec
+import yaml
+from kubernetes import client
 
-NODE = "worker-node-1"
+from rmd_sim.cluster import SYSTEM_NAMESPACE, SimCluster
+from rmd_sim.control_plane import repo_root
+from rmd_sim.load import SimLoad
+
+NODES = ("worker-node-1", "worker-node-2", "worker-node-3")
+POWER_INTERVAL = 1.0  # seconds; the agents sample RAPL this often in the demo
 
 
-async def _demo(root: Path, spec_name: str) -> None:
-    spec = load_spec(spec_name)
-    write_host_tree(spec, root)
-    print(f"simulated node {NODE}: {summary(spec)}\n  host tree: {root}\n")
-    async with SimKubelet.from_host_tree(root) as kubelet:
-        pod = kubelet.add_pod(
-            "default",
-            "pod-guaranteed-cache",
-            "11111111-2222-3333-4444-555555555555",
-            [ContainerSpec("app", "2", "2", "1Gi", "1Gi", {"intel.com/l3_cache_ways": 2})],
+@contextlib.contextmanager
+def stderr_to(log: Path) -> Iterator[None]:
+    """Send file descriptor 2 to `log` (C libraries write there directly, not through sys.stderr)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with log.open("ab") as target:
+            os.dup2(target.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def step(message: str, began: float) -> None:
+    print(f"[{time.monotonic() - began:5.1f}s] {message}", flush=True)
+
+
+def samples_dir() -> Path:
+    shared = repo_root().parent / "shared" / "samples"
+    return shared if shared.is_dir() else repo_root() / "examples"
+
+
+def apply_samples(cluster: SimCluster, directory: Path) -> list[str]:
+    """Apply every manifest; objects with generateName (the pod samples) are created instead."""
+    applied = []
+    for path in sorted(directory.glob("*.yaml")):
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        verb = "create" if any(d.get("metadata", {}).get("generateName") for d in docs) else "apply"
+        cluster.kubectl(verb, "-n", "default", "-f", str(path))
+        applied.append(path.name)
+    return applied
+
+
+async def wait_for(condition: Callable[[], bool], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(condition):
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+def workloads(api: Any) -> list[dict[str, Any]]:
+    found: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
+        "intel.com", "v1alpha1", "rmdworkloads"
+    )
+    items: list[dict[str, Any]] = found["items"]
+    return items
+
+
+def all_settled(api: Any) -> bool:
+    items = workloads(api)
+    states = [
+        e.get("status", "") for w in items for e in w.get("status", {}).get("workloadStates", {}).values()
+    ]
+    return bool(states) and all(s in ("Successful", "Failed") or s.startswith("Failed") for s in states)
+
+
+def workload_lines(api: Any) -> list[str]:
+    lines = []
+    for w in sorted(workloads(api), key=lambda o: o["metadata"]["name"]):
+        states = w.get("status", {}).get("workloadStates", {})
+        summary = w.get("status", {}).get("summary", "")
+        lines.append(f"  {w['metadata']['namespace']}/{w['metadata']['name']}  ({summary})")
+        for node, entry in sorted(states.items()):
+            detail = f"cos {entry.get('cosName', '-')}, cores {entry.get('coreIds', '-')}"
+            status = entry.get("status", "")
+            if not status.startswith("Successful"):
+                detail = entry.get("response", "")[:70]
+            lines.append(f"      {node:<14} {status[:10]:<10} {detail}")
+    return lines
+
+
+def topology_lines(api: Any, node: str) -> list[str]:
+    nrt: Any = client.CustomObjectsApi(api).get_cluster_custom_object(
+        "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", node
+    )
+    attributes = {a["name"]: a["value"] for a in nrt.get("attributes", [])}
+    lines = [
+        f"  {node}: policy {attributes.get('topologyManagerPolicy')}, pods fingerprint "
+        f"{attributes.get('nodeTopologyPodsFingerprint', '-')}"
+    ]
+    for zone in nrt["zones"]:
+        res = {r["name"]: r for r in zone.get("resources", [])}
+        parts = [
+            f"{name} {res[name]['available']}/{res[name]['allocatable']}"
+            for name in ("cpu", "memory", "intel.com/l3_cache_ways")
+            if name in res
+        ]
+        lines.append(f"    {zone['name']}: " + ", ".join(parts) + "  (available/allocatable)")
+    return lines
+
+
+def pod_lines(api: Any) -> list[str]:
+    pods: Any = client.CoreV1Api(api).list_namespaced_pod("default")
+    return [
+        f"  default/{p.metadata.name} on {p.spec.node_name or '-'}: {p.status.phase}"
+        + (f" ({p.status.reason}: {p.status.message})" if p.status.reason else "")
+        for p in pods.items
+    ] or ["  (none)"]
+
+
+def scrape(port: int) -> str:
+    text: str = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return text
+
+
+def metric(text: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    found = []
+    for line in text.splitlines():
+        match = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
+        if not match:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+        if all(got.get(k) == v for k, v in labels.items()):
+            found.append((got, float(match.group(2))))
+    return found
+
+
+def power_lines(cluster: SimCluster) -> list[str]:
+    lines = []
+    for name, node in cluster.nodes.items():
+        text = scrape(node.http_port)
+        host = sum(v for _, v in metric(text, "rmd_node_host_power_watts"))
+        pods = sorted(
+            ((labels["pod"], v) for labels, v in metric(text, "rmd_pod_power_watts", zone="package")),
+            key=lambda p: -p[1],
         )
-        cpus = kubelet.assignments()[(pod.uid, "app")]
-        print(f"simulated kubelet admitted default/{pod.name}: container app on CPUs {format_cpu_list(cpus)}")
-        print(f"  shared pool now {format_cpu_list(kubelet.shared_pool())}\n")
-        print(format_table(await probe_async(AgentSettings(host_root=root, node_name=NODE))))
-    print()
-    print(format_table(await probe_async(AgentSettings(node_name="this machine"))))
-    print("\nnext: python -m rmd_sim node --out DIR; rmd-agent probe --host-root DIR --json; see README.md")
+        top = ", ".join(f"{pod} {watts:.1f} W" for pod, watts in pods[:2]) or "no pods"
+        lines.append(f"  {name}: node {host:.1f} W (package + dram); busiest pods (package): {top}")
+    return lines
+
+
+async def run_load(cluster: SimCluster, api: Any, stop: asyncio.Event) -> None:
+    """Give each node's running pods simulated CPU use and advance the node's counters in real time."""
+    loads = {name: SimLoad(node.root, system_cpus=1.0) for name, node in cluster.nodes.items()}
+    core = client.CoreV1Api(api)
+    while not stop.is_set():
+        pods: Any = await asyncio.to_thread(core.list_pod_for_all_namespaces)
+        pod: Any
+        for pod in pods.items:
+            load = loads.get(pod.spec.node_name or "")
+            if load is None or pod.status.phase != "Running" or pod.metadata.uid in load.pods:
+                continue
+            cpus = {
+                c.name: 0.9 * float((c.resources.limits or {}).get("cpu", "1")) for c in pod.spec.containers
+            }
+            load.add_pod(pod.metadata.namespace, pod.metadata.name, pod.metadata.uid, cpus, qos="guaranteed")
+        for load in loads.values():
+            load.advance(0.5)
+        await asyncio.sleep(0.5)
+
+
+async def demo(workdir: Path, stay: bool) -> int:
+    began = time.monotonic()
+    step("starting the control plane, the operator and three simulated nodes", began)
+    settings = {"power_interval_seconds": POWER_INTERVAL}
+    quiet_teardown = contextlib.ExitStack()
+    with quiet_teardown:
+        async with SimCluster(workdir, nodes=NODES, agent_settings=settings) as cluster:
+            step(f"cluster up: kubeconfig {cluster.kubeconfig}", began)
+            directory = samples_dir()
+            applied = apply_samples(cluster, directory)
+            step(f"applied {len(applied)} manifests from {directory}", began)
+            with cluster.api_client() as api:
+                stop = asyncio.Event()
+                load = asyncio.create_task(run_load(cluster, api, stop))
+                settled = await wait_for(lambda: all_settled(api), 60)
+                await asyncio.sleep(3 * POWER_INTERVAL)  # a few power samples under load
+                step("workloads settled" if settled else "some workloads still pending after 60 s", began)
+                print_summary(cluster, api, stay)
+                if stay:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.Event().wait()
+                stop.set()
+                await load
+            # libfuse reports unmounts from helper threads on stderr; keep that out of the summary
+            quiet_teardown.enter_context(stderr_to(workdir / "teardown.log"))
+    step("stopped; nothing left running", began)
+    return 0 if settled else 1
+
+
+def print_summary(cluster: SimCluster, api: Any, stay: bool) -> None:
+    sections = [
+        ("RmdWorkloads, per node", workload_lines(api)),
+        ("Pods asking for cache ways", pod_lines(api)),
+        ("NodeResourceTopology (what topology-aware scheduling sees)", topology_lines(api, NODES[0])),
+        ("Power (RAPL, simulated load)", power_lines(cluster)),
+    ]
+    for title, lines in sections:
+        print(f"\n{title}:")
+        print("\n".join(lines))
+    print("\nTry next:")
+    if stay:
+        print(f"  export KUBECONFIG={cluster.kubeconfig}   (running until Ctrl-C)")
+    else:
+        print("  ./dev demo --stay      keep it running and use kubectl against it")
+    print(f"  kubectl get rmdworkloads -A; kubectl get rmdnodestates -n {SYSTEM_NAMESPACE}")
+    print("  kubectl get noderesourcetopologies -o yaml; read docs/how-it-works.md")
 
 
 def _run(args: argparse.Namespace) -> int:
-    root = Path(tempfile.mkdtemp(prefix="rmd-demo-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    workdir = Path(
+        tempfile.mkdtemp(prefix="rmd-demo-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+    )
     try:
-        asyncio.run(_demo(root, args.spec))
+        return asyncio.run(demo(workdir, args.stay))
+    except KeyboardInterrupt:
+        return 130
     finally:
         if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
-    return 0
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def add_demo(sub: Any) -> None:
-    p = sub.add_parser("demo", help="show a simulated node as the agent sees it")
-    p.add_argument("--spec", default="default", help="default, large, or a YAML/JSON file of overrides")
-    p.add_argument("--keep", action="store_true", help="keep the simulated host tree afterwards")
+    p = sub.add_parser(
+        "demo", help="the whole system on simulated nodes: control plane, operator, agents, samples"
+    )
+    p.add_argument("--stay", action="store_true", help="keep everything running until Ctrl-C")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the work directory (logs, host trees) afterwards"
+    )
     p.set_defaults(run=_run)
+
+
+if __name__ == "__main__":
+    sys.exit(_run(argparse.Namespace(stay="--stay" in sys.argv, keep="--keep" in sys.argv)))

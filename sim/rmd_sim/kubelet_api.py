@@ -219,6 +219,9 @@ def _now() -> str:
 # --- the node ---
 
 
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
 class KubeletNode:
     """Registers `node_name` for a SimKubelet and runs the pods bound to it; `run()` until cancelled, or
     `async with` (which returns once the Node exists and the pods already bound were handled)."""
@@ -334,21 +337,30 @@ class KubeletNode:
         desired = self.desired_node_status()
         status = node.get("status") or {}
         ready: Obj = next((c for c in status.get("conditions") or () if c.get("type") == "Ready"), {})
-        if (
+        if not (
             _same_quantities(status.get("capacity"), desired["capacity"])
             and _same_quantities(status.get("allocatable"), desired["allocatable"])
             and ready.get("status") == "True"
             and status.get("addresses") == desired["addresses"]
         ):
-            return
-        if ready.get("status") == "True":
-            desired["conditions"][0]["lastTransitionTime"] = ready.get("lastTransitionTime")
-        patch = dict(desired)
-        for key in ("capacity", "allocatable"):  # a merge patch keeps map keys it does not mention
-            gone = set(status.get(key) or {}) - set(desired[key])
-            patch[key] = {**desired[key], **dict.fromkeys(gone)}
-        await self._patch(self._core.patch_node_status, self.node_name, {"status": patch})
-        log.info("node %s status: allocatable %s", self.node_name, desired["allocatable"])
+            if ready.get("status") == "True":
+                desired["conditions"][0]["lastTransitionTime"] = ready.get("lastTransitionTime")
+            patch = dict(desired)
+            for key in ("capacity", "allocatable"):  # a merge patch keeps map keys it does not mention
+                gone = set(status.get(key) or {}) - set(desired[key])
+                patch[key] = {**desired[key], **dict.fromkeys(gone)}
+            await self._patch(self._core.patch_node_status, self.node_name, {"status": patch})
+            log.info("node %s status: allocatable %s", self.node_name, desired["allocatable"])
+        await self._lift_not_ready_taint(node)
+
+    async def _lift_not_ready_taint(self, node: Obj) -> None:
+        """The API server taints a new Node not-ready (TaintNodesByCondition); kube-controller-manager's node
+        lifecycle controller lifts it once the kubelet reports Ready. The simulated cluster does not run that
+        controller (it would also evict the pods of nodes that renew no Lease), so the kubelet lifts it."""
+        taints = (node.get("spec") or {}).get("taints") or []
+        kept = [t for t in taints if t.get("key") != NOT_READY_TAINT]
+        if len(kept) != len(taints):
+            await self._patch(self._core.patch_node, self.node_name, {"spec": {"taints": kept or None}})
 
     # --- pods ---
 

@@ -1,0 +1,45 @@
+"""The README's first command runs the demo; this keeps it working: a fresh simulated cluster, the samples
+applied, a summary printed, and nothing left running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from rmd_sim.control_plane import BinariesNotFound, find_bin_dir
+
+
+def test_demo_applies_the_samples_and_cleans_up() -> None:
+    try:
+        find_bin_dir()
+    except BinariesNotFound as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+    before = {p.pid for p in psutil.process_iter()}
+    result = subprocess.run(
+        [sys.executable, "-m", "rmd_sim", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    for expected in ("workloads settled", "RmdWorkloads, per node:", "NodeResourceTopology", "Power (RAPL"):
+        assert expected in out, expected
+    assert "Failed" not in out and "Pending" not in out
+    assert "stopped; nothing left running" in out
+    assert len(out.splitlines()) <= 60  # fits on one screen
+    leftovers = [
+        p.name()
+        for p in psutil.process_iter()
+        if p.pid not in before
+        and p.name() in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+    ]
+    assert leftovers == []
