@@ -5,6 +5,7 @@ and marks itself not ready when it stops."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 import urllib.request
@@ -39,21 +40,19 @@ async def eventually(probe: Callable[[], Any], what: str, within: float = 30.0) 
 
 @pytest.fixture
 async def node(control_plane: ControlPlane, namespace: str, short_tmp: Path) -> AsyncIterator[SimNode]:
-    with control_plane.api_client() as api:
-        client.CoreV1Api(api).create_node(client.V1Node(metadata=client.V1ObjectMeta(name=NODE)))
-    settings = {
-        "kubeconfig": str(control_plane.kubeconfig),
-        "nrt_enabled": True,
-        "node_state_namespace": namespace,
-        "power_interval_seconds": 0.5,
-    }
+    """A simulated node joined to the API server: its kubelet registers the Node, its agent publishes."""
     try:
         async with SimNode(
-            NODE, short_tmp / "n1", ClusterPki(short_tmp / "pki"), agent_settings=settings
+            NODE,
+            short_tmp / "n1",
+            ClusterPki(short_tmp / "pki"),
+            kubeconfig=control_plane.kubeconfig,
+            node_state_namespace=namespace,
+            agent_settings={"power_interval_seconds": 0.5},
         ) as sim:
             yield sim
     finally:
-        with control_plane.api_client() as api:
+        with control_plane.api_client() as api, contextlib.suppress(client.ApiException):
             client.CoreV1Api(api).delete_node(NODE)
 
 
