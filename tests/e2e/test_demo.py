@@ -4,6 +4,7 @@ applied, a summary printed, and nothing left running."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,6 @@ def test_demo_applies_the_samples_and_cleans_up() -> None:
         if os.environ.get("CI"):
             raise
         pytest.skip(str(exc))
-    before = {p.pid for p in psutil.process_iter()}
     result = subprocess.run(
         [sys.executable, "-m", "rmd_sim", "demo"],
         capture_output=True,
@@ -36,10 +36,11 @@ def test_demo_applies_the_samples_and_cleans_up() -> None:
     assert "Failed" not in out and "Pending" not in out
     assert "stopped; nothing left running" in out
     assert len(out.splitlines()) <= 60  # fits on one screen
-    leftovers = [
-        p.name()
-        for p in psutil.process_iter()
-        if p.pid not in before
-        and p.name() in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+    workdir = re.search(r"kubeconfig (\S+)/control-plane/admin.kubeconfig", out)
+    assert workdir, out
+    leftovers = [  # every component of the demo names its work directory on its command line
+        p.info["name"]
+        for p in psutil.process_iter(["name", "cmdline"])
+        if any(workdir.group(1) in arg for arg in p.info["cmdline"] or ())
     ]
     assert leftovers == []
