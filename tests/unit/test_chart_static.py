@@ -1,0 +1,205 @@
+"""The Helm chart's files, without helm: values against the schema, the schema against the settings objects,
+the chart's CRD copies against crds/, and the chart's version against the distribution's.
+
+Rendering, `helm lint` and installing are in tests/e2e/test_chart.py (they need the helm binary).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.util
+import json
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from rmd_agent.settings import AgentSettings
+from rmd_operator.settings import OperatorSettings
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "rmd"
+
+# Settings the chart derives from the pod and its own mounts; a user value would be overridden (or would break
+# the mounts), so the schema refuses them in agent.settings / operator.settings.
+AGENT_SET_BY_CHART = {
+    "node_name",
+    "host_root",
+    "kubelet_dir",
+    "kubelet_config",
+    "pod_resources_socket",
+    "grpc_listen",
+    "http_listen",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "state_path",
+    "policy_file",
+    "kubeconfig",
+    "node_state_namespace",
+    "advertise_address",
+}
+OPERATOR_SET_BY_CHART = {
+    "namespaces",
+    "node_state_namespace",
+    "agent_ca",
+    "client_cert",
+    "client_key",
+    "agent_server_name",
+    "peering",
+    "priority",
+    "liveness_listen",
+    "instance",
+}
+# The JSON schema types for each Python type of a setting (lists: a YAML list or a comma-separated string)
+SCHEMA_TYPES: dict[str, set[str]] = {
+    "bool": {"boolean"},
+    "int": {"integer"},
+    "float": {"number"},
+    "str": {"string"},
+    "tuple[str, ...]": {"array", "string"},
+}
+
+
+def load_values() -> dict[str, Any]:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert isinstance(values, dict)
+    return values
+
+
+def load_schema() -> dict[str, Any]:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert isinstance(schema, dict)
+    return schema
+
+
+def validation_errors(values: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(load_schema())
+    return sorted(f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(values))
+
+
+def load_sync_tool() -> ModuleType:
+    """tools/ is not a package: load the script as a module."""
+    spec = importlib.util.spec_from_file_location("sync_chart_crds", REPO / "tools" / "sync_chart_crds.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_schema_is_valid_draft7() -> None:
+    jsonschema.Draft7Validator.check_schema(load_schema())
+
+
+def test_default_values_match_the_schema() -> None:
+    assert validation_errors(load_values()) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "complaint"),
+    [
+        (("agent", "image", "tag"), "latest", "should not be valid"),
+        (("agent", "settings", "nrt_enabeld"), True, "Additional properties"),
+        (("agent", "settings", "node_name"), "worker-1", "Additional properties"),
+        (("operator", "settings", "agent_server_name"), "x.{node}", "Additional properties"),
+        (("agent", "settings", "log_format"), "xml", "is not one of"),
+        (("agent", "ports", "grpc"), 70000, "is greater than the maximum"),
+        (("agent", "hostPaths", "stateDir"), "var/lib/rmd-agent", "does not match"),
+        (("operator", "runAsUser"), 0, "is less than the minimum"),
+        (("operator", "watchNamespaces"), ["Team_A"], "does not match"),
+        (("operator", "replicas"), 2, "Additional properties"),
+        (("tls", "agentDomain"), "Bad_Domain", "does not match"),
+    ],
+)
+def test_schema_refuses(path: tuple[str, ...], value: object, complaint: str) -> None:
+    values = copy.deepcopy(load_values())
+    node = values
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    errors = validation_errors(values)
+    assert any(complaint in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("settings_cls", "values_key", "set_by_chart"),
+    [(AgentSettings, "agent", AGENT_SET_BY_CHART), (OperatorSettings, "operator", OPERATOR_SET_BY_CHART)],
+)
+def test_schema_offers_every_setting_the_chart_leaves_to_users(
+    settings_cls: type, values_key: str, set_by_chart: set[str]
+) -> None:
+    """A new setting in the program must show up here: either in the schema (with a matching type) or in the
+    chart's own list. This keeps values.schema.json in step with rmd_agent/rmd_operator settings."""
+    fields = {f.name: str(f.type) for f in dataclasses.fields(settings_cls)}
+    assert set_by_chart <= fields.keys(), set_by_chart - fields.keys()
+    offered = load_schema()["properties"][values_key]["properties"]["settings"]["properties"]
+    assert set(offered) == fields.keys() - set_by_chart
+    for name, prop in offered.items():
+        schema_types = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
+        assert set(schema_types) == SCHEMA_TYPES[fields[name]], name
+
+
+@pytest.mark.parametrize(
+    ("settings_cls", "values_key"), [(AgentSettings, "agent"), (OperatorSettings, "operator")]
+)
+def test_default_settings_values_are_valid_settings(settings_cls: type, values_key: str) -> None:
+    """What values.yaml puts into the config file is accepted by the program's own loader."""
+    settings = load_values()[values_key]["settings"]
+    names = {f.name for f in dataclasses.fields(settings_cls)}
+    assert settings and set(settings) <= names
+    defaults = settings_cls()
+    assert any(getattr(defaults, k) != v for k, v in settings.items())  # the file changes something
+
+
+def test_chart_crds_are_byte_identical_copies() -> None:
+    sources = sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
+    copies = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    assert sources and copies == sources
+    for name in sources:
+        assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), name
+    assert load_sync_tool().differences() == []
+
+
+def test_sync_tool_reports_and_repairs_drift(tmp_path: Path) -> None:
+    tool = load_sync_tool()
+    source, copies = tmp_path / "crds", tmp_path / "chart-crds"
+    shutil.copytree(REPO / "crds", source)
+    shutil.copytree(REPO / "crds", copies)
+    assert tool.differences(source, copies) == []
+    first = sorted(source.glob("*.yaml"))[0].name
+    (copies / first).write_bytes((copies / first).read_bytes() + b"# edited\n")
+    (copies / "stale.yaml").write_text("kind: Old\n")
+    (source / "new.yaml").write_text("kind: New\n")
+    assert tool.differences(source, copies) == [
+        f"missing: {copies / 'new.yaml'}",
+        f"differs: {copies / first}",
+        f"not in {source}: {copies / 'stale.yaml'}",
+    ]
+    tool.sync(source, copies)
+    assert tool.differences(source, copies) == []
+    assert not (copies / "stale.yaml").exists()
+
+
+def test_chart_app_version_is_the_distribution_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+    assert chart["apiVersion"] == "v2" and chart["name"] == "rmd"
+
+
+def test_dashboard_is_shipped_from_the_chart_file() -> None:
+    template = (CHART / "templates" / "dashboard.yaml").read_text()
+    assert '.Files.Get "dashboards/rmd.json"' in template
+    json.loads((CHART / "dashboards" / "rmd.json").read_text())
+    # .helmignore must not drop it from the packaged chart.
+    ignore = CHART / ".helmignore"
+    patterns = ignore.read_text().split() if ignore.exists() else []
+    assert not any(p in ("*.json", "dashboards/", "dashboards") for p in patterns)
