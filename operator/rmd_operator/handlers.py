@@ -11,11 +11,15 @@ kopf's file mode (it would put this directory on sys.path).
     Node          indexed by name (labels); label changes wake the workloads they may concern.
     RmdNodeState  (written by each agent, in node_state_namespace only) indexed by node; changes wake the
                   workloads of that node, reset its backoff, and occasionally trigger an orphan sweep.
+    Pod           only pods bound to a node with a container limit on intel.com/l3_cache_ways (filtered on
+                  each event before any work): the pod flow (pod_flow.py) creates their RmdWorkloads, and
+                  reacts to those workloads' status through the RmdWorkload events.
 
 Every handler is a coroutine: kopf runs plain functions in worker threads, and the reconciler's state
 (asyncio events, tasks, gRPC channels) belongs to the event loop. Raw watch events, not on.update/on.field,
 trigger the wake-ups: they need no last-handled annotation, so the operator never writes to Nodes or
-RmdNodeStates (and to RmdWorkloads only their status and its finalizer).
+RmdNodeStates (and to RmdWorkloads only their status and its finalizer; the pod flow writes the RmdWorkloads
+of pods, and deletes pods whose request failed unless delete_failed_pods is false). Pods are never annotated.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from typing import Any, TypeVar, cast
 
 import kopf
 
-from rmd_operator.agent_client import AgentClients, close_quietly
+from rmd_operator import pods
+from rmd_operator.agent_client import close_quietly
 from rmd_operator.errors import ConfigError, RetryLater
 from rmd_operator.kube import GROUP, NODE_STATES, VERSION, WORKLOADS, StatusWriter
+from rmd_operator.pod_flow import PodFlow, PodFlowAgents, PodObjectsApi
 from rmd_operator.reconcile import Cluster, Reconciler
 from rmd_operator.settings import OperatorSettings, active
 from rmd_operator.status import EventText
@@ -49,6 +55,11 @@ _V = TypeVar("_V")
 
 def workload_in_scope(namespace: str | None, **_: Any) -> bool:
     return not SETTINGS.namespaces or namespace in SETTINGS.namespaces
+
+
+def pod_asks_for_cache_ways(namespace: str | None, spec: kopf.Spec, **_: Any) -> bool:
+    # Evaluated for every pod event: a dictionary walk over the containers' limits, nothing more.
+    return workload_in_scope(namespace) and pods.asks_for_cache_ways(spec)
 
 
 def node_state_in_scope(namespace: str | None, **_: Any) -> bool:
@@ -111,13 +122,16 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure_kopf(settings, SETTINGS)
     try:
-        clients = await AgentClients.create(SETTINGS)
+        clients = await PodFlowAgents.create(SETTINGS)
     except ConfigError as exc:  # unreadable certificates: retrying will not help
         raise kopf.PermanentError(str(exc)) from None
     writer = await StatusWriter.create()
+    pod_objects = await PodObjectsApi.create()
     memo.agent_clients = clients
     memo.status_writer = writer
+    memo.pod_objects = pod_objects
     memo.reconciler = Reconciler(SETTINGS, agents=clients, status_sink=writer, events=_post_event)
+    memo.pod_flow = PodFlow(SETTINGS, agents=clients, objects=pod_objects, events=_post_event)
     log.info(
         "rmd-operator started: workloads in %s, agents' RmdNodeStates in %s, %s to agents",
         ", ".join(SETTINGS.namespaces) or "all namespaces",
@@ -133,6 +147,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    pod_flow: PodFlow | None = memo.get("pod_flow")
+    if pod_flow is not None:
+        await pod_flow.close()
     reconciler: Reconciler | None = memo.get("reconciler")
     if reconciler is not None:
         await reconciler.close()
@@ -140,6 +157,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     writer: StatusWriter | None = memo.get("status_writer")
     if writer is not None:
         await asyncio.to_thread(writer.close)
+    pod_objects: PodObjectsApi | None = memo.get("pod_objects")
+    if pod_objects is not None:
+        await asyncio.to_thread(pod_objects.close)
 
 
 # -- indexes: complete before any handler runs, so no pass ever sees half the cluster ---------------------
@@ -178,6 +198,8 @@ async def node_state_event(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs
         return
     agent = None if type == "DELETED" else node_agent(body)
     reconciler.agent_changed(node, agent)
+    pod_flow: PodFlow = memo.pod_flow
+    pod_flow.agent_changed(node, agent)
     if not (SETTINGS.remove_orphans and agent is not None and agent.endpoint and agent.ready is not False):
         return
     if reconciler.sweep_due(node):
@@ -192,10 +214,21 @@ async def node_state_event(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs
 
 
 @kopf.on.event(GROUP, VERSION, WORKLOADS, when=workload_in_scope)
-async def workload_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+async def workload_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
     if type != "DELETED":
         reconciler: Reconciler = memo.reconciler
         reconciler.workload_changed(body)
+    pod_flow: PodFlow = memo.pod_flow
+    pod_flow.workload_changed(type, body)
+
+
+# -- the pod flow ----------------------------------------------------------------------------------------
+
+
+@kopf.on.event("v1", "pods", field="spec.nodeName", value=kopf.PRESENT, when=pod_asks_for_cache_ways)
+async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+    pod_flow: PodFlow = memo.pod_flow
+    pod_flow.pod_changed(type, body)
 
 
 # -- the workloads ---------------------------------------------------------------------------------------
@@ -261,4 +294,8 @@ async def remove_from_nodes(*, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) 
 @kopf.on.probe(id="rmd")
 async def probe(memo: kopf.Memo, **_: Any) -> dict[str, int]:
     reconciler: Reconciler | None = memo.get("reconciler")
-    return reconciler.health() if reconciler is not None else {}
+    pod_flow: PodFlow | None = memo.get("pod_flow")
+    return {
+        **(reconciler.health() if reconciler is not None else {}),
+        **(pod_flow.health() if pod_flow is not None else {}),
+    }

@@ -108,6 +108,15 @@ class OperatorSettings:
         metadata={"help": "this replica's name in Events (also read from $POD_NAME); empty: the host name"},
     )
 
+    # -- the pod flow: pods with an intel.com/l3_cache_ways limit (docs/pods.md) -----------------------------
+    delete_failed_pods: bool = field(
+        default=True,
+        metadata={
+            "help": "delete a pod whose cache request failed on its node, with an Event saying why (as "
+            "rmd-operator did; its controller may place a new pod elsewhere); false: keep it, Event only"
+        },
+    )
+
     def server_name(self, node: str) -> str:
         """The identity the agent on `node` must prove (its certificate's DNS SAN)."""
         return self.agent_server_name.replace(NODE_PLACEHOLDER, node)

@@ -1,0 +1,500 @@
+"""The pod flow's decisions: which pods get cache ways, what they asked for, the RmdWorkload for each
+container, and what a failure means. Pure: no I/O (pod_flow.py does the calls).
+
+A container gets an RmdWorkload `<pod>-rmd-workload-<container>` when it has a limit on
+`intel.com/l3_cache_ways`, its pod's QoS class is Guaranteed and its CPU request is a whole number (so the
+kubelet's static CPU manager gives it exclusive CPUs). Its annotations are `<container>_<setting>`. Container
+names are DNS labels and never contain "_", so a key splits into container and setting at its first "_": the
+container part must equal the name (rmd-operator matched prefixes, so `c1_policy` also configured `c10`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from rmd_api.cpuset import format_cpu_list
+from rmd_operator.kube import GROUP, VERSION
+from rmd_operator.status import FAILED, PENDING, SUCCESSFUL, EventText, merge_diff
+
+CACHE_WAYS = "intel.com/l3_cache_ways"
+WORKLOAD_INFIX = "-rmd-workload-"
+LABEL_PREFIX = "rmd-operator.intel.com"
+POD_LABEL = f"{LABEL_PREFIX}/pod"
+POD_UID_LABEL = f"{LABEL_PREFIX}/pod-uid"
+CONTAINER_LABEL = f"{LABEL_PREFIX}/container"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "rmd-operator"
+GUARANTEED = "Guaranteed"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+# Annotation settings, `<container>_<setting>`.
+POLICY = "policy"
+CACHE_MIN = "cache_min"
+MBA_PERCENTAGE = "mba_percentage"
+MBA_MBPS = "mba_mbps"
+PSTATE_RATIO = "pstate_ratio"
+PSTATE_MONITORING = "pstate_monitoring"
+SETTINGS = (POLICY, CACHE_MIN, MBA_PERCENTAGE, MBA_MBPS, PSTATE_RATIO, PSTATE_MONITORING)
+
+POLICIES = ("gold", "silver", "bronze")
+_MAX_NAME = 253  # an object name is a DNS subdomain
+_MAX_LABEL_VALUE = 63
+_MAX_CPU_LIST_ITEM = 128  # the CRD's limit on one coreIds entry
+_MAX_MBPS = 4294967290
+_RATIO = re.compile(r"[0-9]{1,4}([.][0-9]{1,4})?")
+_DIGITS = re.compile(r"[0-9]{1,10}")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+# Event reasons (on the pod).
+NOT_GUARANTEED = "CacheWaysNotGuaranteed"
+FRACTIONAL_CPUS = "CacheWaysFractionalCpus"
+INVALID_REQUEST = "InvalidCacheRequest"
+IGNORED_ANNOTATION = "CacheAnnotationIgnored"
+APPLIED = "CacheWaysApplied"
+WORKLOAD_FAILED = "CacheWorkloadFailed"
+
+
+# -- what a pod asks for -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """One container's cache request, from its limit and its annotations (None: not set)."""
+
+    container: str
+    ways: int
+    cache_min: int | None = None
+    policy: str | None = None
+    mba_percentage: int | None = None
+    mba_mbps: int | None = None
+    pstate_ratio: str | None = None
+    pstate_monitoring: str | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A container that asked for cache ways and gets no RmdWorkload, and why (an Event on the pod)."""
+
+    container: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    containers: tuple[ContainerRequest, ...] = ()
+    refusals: tuple[Refusal, ...] = ()
+    ignored: tuple[str, ...] = ()  # annotations that look like ours but configure nothing, and why
+
+    def names(self) -> set[str]:
+        """The containers that get an RmdWorkload."""
+        return {c.container for c in self.containers}
+
+
+def _containers(spec: Mapping[str, Any], key: str = "containers") -> list[Mapping[str, Any]]:
+    return [c for c in spec.get(key) or () if isinstance(c, Mapping)]
+
+
+def _resources(container: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    resources = container.get("resources") or {}
+    values = resources.get(kind) if isinstance(resources, Mapping) else None
+    return values if isinstance(values, Mapping) else {}
+
+
+def _quantity(value: Any) -> Decimal | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        parsed: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]  # untyped library
+    except (ValueError, TypeError, InvalidOperation):
+        return None
+    return parsed
+
+
+def asks_for_cache_ways(spec: Mapping[str, Any]) -> bool:
+    """Whether any app container has a limit on intel.com/l3_cache_ways (the watch filter: cheap)."""
+    return any(CACHE_WAYS in _resources(c, "limits") for c in _containers(spec))
+
+
+def qos_class(pod: Mapping[str, Any]) -> str:
+    """The pod's QoS class: the API server's (status.qosClass) when set, else computed the same way."""
+    given = (pod.get("status") or {}).get("qosClass")
+    if isinstance(given, str) and given:
+        return given
+    spec = pod.get("spec") or {}
+    containers = _containers(spec) + _containers(spec, "initContainers")
+    guaranteed = bool(containers)
+    any_set = False
+    for container in containers:
+        requests, limits = _resources(container, "requests"), _resources(container, "limits")
+        for resource in ("cpu", "memory"):
+            limit, request = _quantity(limits.get(resource)), _quantity(requests.get(resource))
+            if request is None:
+                request = limit  # the API server defaults a missing request to the limit
+            any_set = any_set or bool(limit) or bool(request)
+            if not limit or request != limit:
+                guaranteed = False
+    if guaranteed:
+        return GUARANTEED
+    return "Burstable" if any_set else "BestEffort"
+
+
+def _cpu_request(container: Mapping[str, Any]) -> Decimal | None:
+    request = _quantity(_resources(container, "requests").get("cpu"))
+    return request if request is not None else _quantity(_resources(container, "limits").get("cpu"))
+
+
+def _split_key(key: str) -> tuple[str, str] | None:
+    """(container, setting) of an annotation key that may be ours; None for prefixed (`x.io/y`) keys."""
+    if "/" in key:
+        return None
+    container, sep, setting = key.partition("_")
+    return (container, setting) if sep else None
+
+
+class _Invalid(ValueError):
+    pass
+
+
+def _count(key: str, value: str, low: int, high: int) -> int:
+    text = value.strip()
+    if not _DIGITS.fullmatch(text) or not low <= int(text) <= high:
+        raise _Invalid(f"annotation {key}={value!r} must be a whole number from {low} to {high}")
+    return int(text)
+
+
+def _container_request(
+    container: str, ways: int, settings: Mapping[str, tuple[str, str]]
+) -> ContainerRequest:
+    """The request of one container from its `setting -> (key, value)` annotations. _Invalid."""
+    values: dict[str, Any] = {}
+    if POLICY in settings:
+        key, value = settings[POLICY]
+        if value.strip():  # rmd-operator treated an empty policy as none
+            if value.strip() not in POLICIES:
+                raise _Invalid(f"annotation {key}={value!r} must be one of {', '.join(POLICIES)}")
+            values["policy"] = value.strip()
+    if CACHE_MIN in settings:
+        key, value = settings[CACHE_MIN]
+        if "policy" in values:
+            raise _Invalid(
+                f"annotations {key} and {settings[POLICY][0]} are mutually exclusive: the policy sets "
+                "the cache ways"
+            )
+        values["cache_min"] = _count(key, value, 1, ways)
+    for setting, high in ((MBA_PERCENTAGE, 100), (MBA_MBPS, _MAX_MBPS)):
+        if setting in settings:
+            key, value = settings[setting]
+            values[setting] = _count(key, value, 1, high)
+    if MBA_PERCENTAGE in values and MBA_MBPS in values:
+        raise _Invalid(
+            f"annotations {container}_{MBA_PERCENTAGE} and {container}_{MBA_MBPS} are mutually "
+            "exclusive: give the memory bandwidth in one unit"
+        )
+    if PSTATE_RATIO in settings:
+        key, value = settings[PSTATE_RATIO]
+        text = value.strip()
+        if not _RATIO.fullmatch(text) or float(text) <= 0:
+            raise _Invalid(f'annotation {key}={value!r} must be a positive decimal number such as "1.5"')
+        values[PSTATE_RATIO] = text
+    if PSTATE_MONITORING in settings:
+        key, value = settings[PSTATE_MONITORING]
+        if value.strip() not in ("on", "off"):
+            raise _Invalid(f'annotation {key}={value!r} must be "on" or "off"')
+        values[PSTATE_MONITORING] = value.strip()
+    request = ContainerRequest(container, ways, **values)
+    if (request.mba_percentage or request.mba_mbps) and not _guaranteed(request):
+        unit = MBA_PERCENTAGE if request.mba_percentage else MBA_MBPS
+        raise _Invalid(
+            f"memory bandwidth (annotation {container}_{unit}) needs guaranteed cache: "
+            f"{container}_{CACHE_MIN} equal to the {CACHE_WAYS} limit ({ways}), "
+            "or policy gold"
+        )
+    return request
+
+
+def _guaranteed(request: ContainerRequest) -> bool:
+    if request.policy is not None:
+        return request.policy == "gold"
+    return request.cache_min is None or request.cache_min == request.ways
+
+
+def _asking(spec: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], int]]:
+    """name -> (container, ways) of the app containers with a positive intel.com/l3_cache_ways limit."""
+    asking: dict[str, tuple[Mapping[str, Any], int]] = {}
+    for container in _containers(spec):
+        ways = _quantity(_resources(container, "limits").get(CACHE_WAYS))
+        if ways is not None and ways > 0:
+            asking[str(container.get("name"))] = (container, int(ways))
+    return asking
+
+
+def _annotations(
+    annotations: Mapping[str, Any], asking: Mapping[str, object], names: set[str]
+) -> tuple[dict[str, dict[str, tuple[str, str]]], list[str]]:
+    """(container -> setting -> (key, value), the keys that look like ours but configure nothing and why)."""
+    settings: dict[str, dict[str, tuple[str, str]]] = {}
+    ignored = []
+    for key, value in sorted((str(k), str(v)) for k, v in annotations.items()):
+        split = _split_key(key)
+        if split is None:
+            continue
+        owner, setting = split
+        if owner in asking and setting in SETTINGS:
+            settings.setdefault(owner, {})[setting] = (key, value)
+        elif owner in asking:
+            ignored.append(f"{key}: unknown setting {setting!r} (known: {', '.join(SETTINGS)})")
+        elif setting in SETTINGS:
+            why = f"does not request {CACHE_WAYS}" if owner in names else "is not a container of this pod"
+            ignored.append(f"{key}: {owner!r} {why}")
+    return settings, ignored
+
+
+def pod_request(pod: Mapping[str, Any]) -> PodRequest:
+    """What the pod asks for: a request per qualifying container, a refusal per container that asked for
+    cache ways but cannot have them (container "" for the whole pod), and the annotations that configure
+    nothing."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    asking = _asking(spec)
+    names = {str(c.get("name")) for c in _containers(spec)}
+    settings, ignored = _annotations(meta.get("annotations") or {}, asking, names)
+    base = PodRequest(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        node=str(spec.get("nodeName") or ""),
+        ignored=tuple(ignored),
+    )
+    if not asking:
+        return base
+    qos = qos_class(pod)
+    if qos != GUARANTEED:
+        message = (
+            f"the pod's QoS class is {qos}: {CACHE_WAYS} is only enforced for Guaranteed pods (requests "
+            "equal to limits for cpu and memory in every container), whose containers with whole CPUs get "
+            "exclusive CPUs; no RmdWorkload is created"
+        )
+        return replace(base, refusals=(Refusal("", NOT_GUARANTEED, message),))
+    requests: list[ContainerRequest] = []
+    refused: list[Refusal] = []
+    for name, (container, ways) in sorted(asking.items()):
+        cpu = _cpu_request(container)
+        if cpu is None or cpu <= 0 or cpu != cpu.to_integral_value():
+            cpus = "no" if cpu is None else format(cpu.normalize(), "f")
+            refused.append(
+                Refusal(
+                    name,
+                    FRACTIONAL_CPUS,
+                    f"container {name} requests {cpus} CPUs: {CACHE_WAYS} "
+                    "needs a whole number of CPUs (only those get exclusive CPUs from the static CPU "
+                    "manager); no RmdWorkload is created",
+                )
+            )
+            continue
+        try:
+            requests.append(_container_request(name, ways, settings.get(name, {})))
+        except _Invalid as exc:
+            refused.append(
+                Refusal(name, INVALID_REQUEST, f"container {name}: {exc}; no RmdWorkload is created")
+            )
+    return replace(base, containers=tuple(requests), refusals=tuple(refused))
+
+
+def refusal_event(refusal: Refusal) -> EventText:
+    return EventText("Warning", refusal.reason, refusal.message)
+
+
+def ignored_event(ignored: Sequence[str]) -> EventText:
+    return EventText("Warning", IGNORED_ANNOTATION, "annotations ignored: " + "; ".join(ignored))
+
+
+# -- the RmdWorkload of a container --------------------------------------------------------------------------
+
+
+def workload_name(pod: str, container: str) -> str:
+    """`<pod>-rmd-workload-<container>`, as rmd-operator named it; when that exceeds an object name's 253
+    characters the pod part is cut and a hash of the full name keeps it unique."""
+    name = f"{pod}{WORKLOAD_INFIX}{container}"
+    if len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    keep = _MAX_NAME - len(WORKLOAD_INFIX) - len(container) - len(digest) - 1
+    return f"{pod[:keep].rstrip('.-')}-{digest}{WORKLOAD_INFIX}{container}"
+
+
+def core_ids(cpus: Iterable[int]) -> list[str]:
+    """The cpus as coreIds entries: one cpu list, split where it would pass the CRD's 128 characters."""
+    items = format_cpu_list(cpus).split(",") if cpus else []
+    entries: list[str] = []
+    for item in items:
+        if entries and len(entries[-1]) + 1 + len(item) <= _MAX_CPU_LIST_ITEM:
+            entries[-1] += "," + item
+        else:
+            entries.append(item)
+    return entries
+
+
+def labels(request: PodRequest, container: str) -> dict[str, str]:
+    out = {MANAGED_BY_LABEL: MANAGED_BY, POD_UID_LABEL: request.uid, CONTAINER_LABEL: container}
+    if len(request.name) <= _MAX_LABEL_VALUE and _LABEL_VALUE.fullmatch(request.name):
+        out[POD_LABEL] = request.name
+    return out
+
+
+def workload_spec(request: PodRequest, container: ContainerRequest, cpus: Iterable[int]) -> dict[str, Any]:
+    """The RmdWorkload spec (v0.3 layout) for a container on its exclusive `cpus`."""
+    spec: dict[str, Any] = {"coreIds": core_ids(cpus), "nodes": [request.node]}
+    rdt: dict[str, Any] = {}
+    if container.policy is not None:
+        spec["policy"] = container.policy  # the policy sets the ways (with cache ways too, the agent refuses)
+    else:
+        low = container.cache_min if container.cache_min is not None else container.ways
+        rdt["cache"] = {"max": container.ways, "min": low}
+    if container.mba_percentage is not None:
+        rdt["mba"] = {"percentage": container.mba_percentage}
+    elif container.mba_mbps is not None:
+        rdt["mba"] = {"mbps": container.mba_mbps}
+    if rdt:
+        spec["rdt"] = rdt
+    pstate: dict[str, str] = {}
+    if container.pstate_ratio is not None:
+        pstate["ratio"] = container.pstate_ratio
+    if container.pstate_monitoring is not None:
+        pstate["monitoring"] = container.pstate_monitoring
+    if pstate:
+        spec["plugins"] = {"pstate": pstate}
+    return spec
+
+
+def owner_reference(request: PodRequest) -> dict[str, Any]:
+    # controller: the pod owns it; blockOwnerDeletion: a foreground delete of the pod waits for it.
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": request.name,
+        "uid": request.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def workload_body(request: PodRequest, container: ContainerRequest, cpus: Iterable[int]) -> dict[str, Any]:
+    """The whole RmdWorkload for a container, owned by its pod (the garbage collector deletes it with it)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RmdWorkload",
+        "metadata": {
+            "name": workload_name(request.name, container.container),
+            "namespace": request.namespace,
+            "labels": labels(request, container.container),
+            "ownerReferences": [owner_reference(request)],
+        },
+        "spec": workload_spec(request, container, cpus),
+    }
+
+
+def owner_pod_uid(workload: Mapping[str, Any]) -> str | None:
+    """The uid of the Pod controlling an RmdWorkload, or None (not a pod flow workload)."""
+    for ref in (workload.get("metadata") or {}).get("ownerReferences") or ():
+        if (
+            isinstance(ref, Mapping)
+            and ref.get("kind") == "Pod"
+            and ref.get("apiVersion") == "v1"
+            and ref.get("controller")
+        ):
+            return str(ref.get("uid") or "")
+    return None
+
+
+def workload_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A merge patch bringing an existing RmdWorkload's spec and our labels to `desired`; None when they
+    already match (compare before write). Labels other tools added are left alone."""
+    patch: dict[str, Any] = {}
+    spec = merge_diff(current.get("spec") or {}, desired.get("spec") or {})
+    if spec is not None:
+        patch["spec"] = spec
+    have_labels = (current.get("metadata") or {}).get("labels") or {}
+    want_labels = (desired.get("metadata") or {}).get("labels") or {}
+    changed = {k: v for k, v in want_labels.items() if have_labels.get(k) != v}
+    if changed:
+        patch["metadata"] = {"labels": changed}
+    return patch or None
+
+
+# -- the outcome on the node ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """The workload's state on the pod's node, for the generation its status describes."""
+
+    status: str  # Successful, Failed or Pending
+    response: str
+    cos_name: str = ""
+    cores: str = ""
+
+
+def node_state(workload: Mapping[str, Any], node: str) -> NodeState | None:
+    """The status entry of `node`, if the status describes the current spec (observedGeneration)."""
+    meta = workload.get("metadata") or {}
+    status = workload.get("status") or {}
+    if status.get("observedGeneration") != meta.get("generation"):
+        return None
+    entry = (status.get("workloadStates") or {}).get(node)
+    if not isinstance(entry, Mapping) or entry.get("status") not in (SUCCESSFUL, FAILED, PENDING):
+        return None
+    cores = ",".join(str(c) for c in entry.get("coreIds") or ())
+    return NodeState(
+        str(entry["status"]), str(entry.get("response") or ""), str(entry.get("cosName") or ""), cores
+    )
+
+
+def applied_event(container: str, workload: str, node: str, ways: str, state: NodeState) -> EventText:
+    where = ", ".join(p for p in (f"cpus {state.cores}" if state.cores else "", state.cos_name) if p)
+    return EventText(
+        "Normal",
+        APPLIED,
+        f"container {container}: {ways} applied on node {node} by RmdWorkload {workload}"
+        + (f" ({where})" if where else ""),
+    )
+
+
+@dataclass(frozen=True)
+class FailureDecision:
+    delete_pod: bool
+    event: EventText
+
+
+def on_failure(
+    delete_failed_pods: bool, container: str, workload: str, node: str, why: str
+) -> FailureDecision:
+    """What to do when a container's cache request failed on the pod's node: delete the pod (rmd-operator's
+    documented behaviour: the pod's controller may place a new one elsewhere), or keep it and only report."""
+    if delete_failed_pods:
+        action = "deleting the pod (delete_failed_pods)"
+    else:
+        action = "the pod keeps running without it (delete_failed_pods is false)"
+    message = f"container {container}: RmdWorkload {workload} failed on node {node}: {why}; {action}"
+    return FailureDecision(delete_failed_pods, EventText("Warning", WORKLOAD_FAILED, message))
+
+
+def pod_reference(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The least of a pod an Event needs (kopf builds the involvedObject from it)."""
+    meta = pod.get("metadata") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid") if k in meta},
+    }

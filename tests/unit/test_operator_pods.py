@@ -1,0 +1,673 @@
+"""The pod flow: which pods qualify, annotation parsing, the RmdWorkload body (pods.py, pure), and the
+orchestration (pod_flow.py) with fake agents and a fake API (no network, no kopf)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from rmd_api.agent.v1 import agent_pb2
+from rmd_api.cpuset import parse_cpu_list
+from rmd_operator import pod_flow, pods
+from rmd_operator.agent_client import CallFailure
+from rmd_operator.pod_flow import PodFlow
+from rmd_operator.settings import OperatorSettings
+from rmd_operator.spec import workload_spec
+from rmd_operator.status import EventText, merge_diff
+from rmd_operator.targets import NodeAgent
+
+Obj = dict[str, Any]
+WAYS = pods.CACHE_WAYS
+
+
+def container(
+    name: str,
+    cpu: str | None = "2",
+    memory: str | None = "1Gi",
+    ways: str | None = "2",
+    requests: Obj | None = None,
+) -> Obj:
+    limits: Obj = {}
+    if cpu is not None:
+        limits["cpu"] = cpu
+    if memory is not None:
+        limits["memory"] = memory
+    if ways is not None:
+        limits[WAYS] = ways
+    return {
+        "name": name,
+        "resources": {"limits": limits, "requests": requests if requests is not None else limits},
+    }
+
+
+def pod(
+    *containers: Obj,
+    name: str = "web",
+    namespace: str = "ns",
+    uid: str = "uid-1",
+    node: str = "worker-1",
+    annotations: Mapping[str, str] | None = None,
+    init: Sequence[Obj] = (),
+    qos: str | None = None,
+    phase: str | None = None,
+) -> Obj:
+    body: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "annotations": dict(annotations or {}),
+        },
+        "spec": {"nodeName": node, "containers": list(containers or [container("c")])},
+        "status": {},
+    }
+    if init:
+        body["spec"]["initContainers"] = list(init)
+    if qos:
+        body["status"]["qosClass"] = qos
+    if phase:
+        body["status"]["phase"] = phase
+    return body
+
+
+# -- qualification -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("containers", "init", "qos", "granted", "reasons"),
+    [
+        pytest.param([container("c", cpu="2")], [], None, ["c"], [], id="guaranteed-integer"),
+        pytest.param([container("c", cpu="3000m")], [], None, ["c"], [], id="guaranteed-millicores-whole"),
+        pytest.param([container("c", cpu="1500m")], [], None, [], [pods.FRACTIONAL_CPUS], id="fractional"),
+        pytest.param(
+            [container("c", requests={"cpu": "1", "memory": "1Gi", WAYS: "2"}, cpu="2")],
+            [],
+            None,
+            [],
+            [pods.NOT_GUARANTEED],
+            id="burstable-requests-below-limits",
+        ),
+        pytest.param(
+            [container("c", cpu=None, memory=None)], [], None, [], [pods.NOT_GUARANTEED], id="besteffort"
+        ),
+        pytest.param(
+            [container("c")],
+            [container("init", cpu=None, memory="1Gi", ways=None)],
+            None,
+            [],
+            [pods.NOT_GUARANTEED],
+            id="init-container-without-cpu-limit",
+        ),
+        pytest.param([container("c")], [], "Burstable", [], [pods.NOT_GUARANTEED], id="api-server-qos-wins"),
+        pytest.param([container("c", ways="0")], [], None, [], [], id="zero-ways-is-no-request"),
+        pytest.param([container("c", ways=None)], [], None, [], [], id="no-request"),
+        pytest.param(
+            [container("a", cpu="2"), container("b", cpu="500m"), container("side", cpu="1", ways=None)],
+            [],
+            None,
+            ["a"],
+            [pods.FRACTIONAL_CPUS],
+            id="per-container",
+        ),
+    ],
+)
+def test_qualification(
+    containers: list[Obj], init: list[Obj], qos: str | None, granted: list[str], reasons: list[str]
+) -> None:
+    request = pods.pod_request(pod(*containers, init=init, qos=qos))
+    assert [c.container for c in request.containers] == granted
+    assert [r.reason for r in request.refusals] == reasons
+    for refusal in request.refusals:
+        assert "no RmdWorkload is created" in refusal.message
+
+
+def test_refusal_messages_say_why() -> None:
+    burstable = pods.pod_request(pod(container("c", requests={"cpu": "1", "memory": "1Gi", WAYS: "2"})))
+    assert "QoS class is Burstable" in burstable.refusals[0].message
+    fractional = pods.pod_request(pod(container("c", cpu="1500m")))
+    assert fractional.refusals[0].container == "c"
+    assert "requests 1.5 CPUs" in fractional.refusals[0].message
+
+
+def test_qos_class_computed_like_the_api_server() -> None:
+    assert pods.qos_class(pod(container("c"))) == "Guaranteed"
+    # a request left out defaults to the limit
+    assert (
+        pods.qos_class(pod({"name": "c", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}))
+        == "Guaranteed"
+    )
+    assert pods.qos_class(pod(container("c", memory=None))) == "Burstable"
+    assert pods.qos_class(pod({"name": "c"})) == "BestEffort"
+
+
+def test_asks_for_cache_ways_looks_at_limits_of_app_containers() -> None:
+    assert pods.asks_for_cache_ways(pod(container("a", ways=None), container("b"))["spec"])
+    assert not pods.asks_for_cache_ways(pod(container("a", ways=None))["spec"])
+    only_init = pod(container("a", ways=None), init=[container("i")])
+    assert not pods.asks_for_cache_ways(only_init["spec"])
+
+
+# -- annotations ---------------------------------------------------------------------------------------------
+
+
+def test_annotations_configure_their_own_container_only() -> None:
+    """c1's annotations never configure c10, and the other way round (rmd-operator matched prefixes)."""
+    request = pods.pod_request(
+        pod(
+            container("c1", ways="3"),
+            container("c10", ways="4"),
+            annotations={
+                "c1_cache_min": "3",
+                "c1_mba_percentage": "50",
+                "c10_cache_min": "2",
+                "c10_pstate_ratio": "1.5",
+                "c10_pstate_monitoring": "on",
+            },
+        )
+    )
+    by_name = {c.container: c for c in request.containers}
+    assert by_name["c1"] == pods.ContainerRequest("c1", 3, cache_min=3, mba_percentage=50)
+    assert by_name["c10"] == pods.ContainerRequest(
+        "c10", 4, cache_min=2, pstate_ratio="1.5", pstate_monitoring="on"
+    )
+    assert request.refusals == () and request.ignored == ()
+
+
+def test_cache_min_makes_best_effort_and_defaults_to_the_limit() -> None:
+    (default,) = pods.pod_request(pod(container("c", ways="3"))).containers
+    assert pods.workload_spec(pods.pod_request(pod()), default, [1])["rdt"]["cache"] == {"max": 3, "min": 3}
+    request = pods.pod_request(pod(container("c", ways="3"), annotations={"c_cache_min": "1"}))
+    assert pods.workload_spec(request, request.containers[0], [1])["rdt"]["cache"] == {"max": 3, "min": 1}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "fragment"),
+    [
+        ({"c_cache_min": "3"}, "from 1 to 2"),
+        ({"c_cache_min": "0"}, "from 1 to 2"),
+        ({"c_cache_min": "two"}, "whole number"),
+        ({"c_mba_percentage": "abc"}, "c_mba_percentage='abc'"),
+        ({"c_mba_percentage": "101"}, "from 1 to 100"),
+        ({"c_mba_percentage": "50", "c_mba_mbps": "1000"}, "mutually exclusive"),
+        ({"c_cache_min": "1", "c_mba_percentage": "50"}, "needs guaranteed cache"),
+        ({"c_policy": "silver", "c_mba_mbps": "100"}, "needs guaranteed cache"),
+        ({"c_policy": "platinum"}, "gold, silver, bronze"),
+        ({"c_policy": "gold", "c_cache_min": "1"}, "the policy sets the cache ways"),
+        ({"c_pstate_ratio": "fast"}, "positive decimal"),
+        ({"c_pstate_ratio": "0"}, "positive decimal"),
+        ({"c_pstate_monitoring": "yes"}, '"on" or "off"'),
+    ],
+)
+def test_invalid_annotations_refuse_the_container(annotations: dict[str, str], fragment: str) -> None:
+    request = pods.pod_request(pod(container("c"), container("d"), annotations=annotations))
+    assert [c.container for c in request.containers] == ["d"]
+    (refusal,) = request.refusals
+    assert (refusal.container, refusal.reason) == ("c", pods.INVALID_REQUEST)
+    assert fragment in refusal.message
+
+
+def test_policy_replaces_cache_ways_and_empty_policy_is_none() -> None:
+    gold = pods.pod_request(pod(annotations={"c_policy": "gold", "c_mba_percentage": "40"}))
+    spec = pods.workload_spec(gold, gold.containers[0], [2, 3])
+    assert (
+        spec["policy"] == "gold" and "cache" not in spec["rdt"] and spec["rdt"]["mba"] == {"percentage": 40}
+    )
+    empty = pods.pod_request(pod(annotations={"c_policy": " "}))
+    assert empty.containers[0].policy is None
+
+
+def test_annotations_that_configure_nothing_are_reported() -> None:
+    request = pods.pod_request(
+        pod(
+            container("nginx"),
+            container("side", ways=None),
+            annotations={
+                "nginx_polcy": "gold",  # a typo'd setting
+                "ngnix_policy": "gold",  # a typo'd container
+                "side_policy": "gold",  # a container without the limit
+                "example.com/nginx_policy": "gold",  # another tool's key: not ours to judge
+                "unrelated": "x",
+            },
+        )
+    )
+    assert request.containers[0].policy is None
+    assert len(request.ignored) == 3
+    text = " ".join(request.ignored)
+    assert "nginx_polcy: unknown setting 'polcy'" in text
+    assert "'ngnix' is not a container of this pod" in text
+    assert f"'side' does not request {WAYS}" in text
+    assert pods.ignored_event(request.ignored).type == "Warning"
+
+
+# -- the RmdWorkload -----------------------------------------------------------------------------------------
+
+
+def test_workload_body_shape_and_spec_accepted_by_the_operator() -> None:
+    request = pods.pod_request(
+        pod(
+            container("nginx1", cpu="3", ways="2"),
+            name="guaranteed-cache-pod-x7",
+            namespace="team-a",
+            uid="0b1c",
+            node="worker-node-2",
+            annotations={"nginx1_mba_mbps": "2000", "nginx1_pstate_ratio": "3.0"},
+        )
+    )
+    (want,) = request.containers
+    body = pods.workload_body(request, want, [5, 3, 4, 37])
+    assert body["apiVersion"] == "intel.com/v1alpha1" and body["kind"] == "RmdWorkload"
+    meta = body["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("guaranteed-cache-pod-x7-rmd-workload-nginx1", "team-a")
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": "guaranteed-cache-pod-x7",
+            "uid": "0b1c",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert meta["labels"] == {
+        pods.MANAGED_BY_LABEL: "rmd-operator",
+        pods.POD_LABEL: "guaranteed-cache-pod-x7",
+        pods.POD_UID_LABEL: "0b1c",
+        pods.CONTAINER_LABEL: "nginx1",
+    }
+    assert body["spec"] == {
+        "coreIds": ["3-5,37"],
+        "nodes": ["worker-node-2"],
+        "rdt": {"cache": {"max": 2, "min": 2}, "mba": {"mbps": 2000}},
+        "plugins": {"pstate": {"ratio": "3.0"}},
+    }
+    agent_spec = workload_spec(body["spec"])
+    assert list(agent_spec.core_ids) == ["3-5,37"]
+    assert (agent_spec.cache.max, agent_spec.cache.min, agent_spec.mba.mbps) == (2, 2, 2000)
+    assert agent_spec.pstate.ratio == 3.0
+    assert pods.owner_pod_uid(body) == "0b1c"
+    assert pods.owner_pod_uid({"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "uid": "x"}]}}) is None
+
+
+def test_long_names_are_cut_but_stay_distinct_and_valid() -> None:
+    assert pods.workload_name("web", "c") == "web-rmd-workload-c"
+    long_a, long_b = "a" * 250, "a" * 249 + "b"
+    name_a, name_b = pods.workload_name(long_a, "c"), pods.workload_name(long_b, "c")
+    assert len(name_a) <= 253 and len(name_b) <= 253 and name_a != name_b
+    assert name_a.endswith("-rmd-workload-c")
+    request = pods.pod_request(pod(name=long_a))
+    assert pods.POD_LABEL not in pods.labels(request, "c")  # too long for a label value
+
+
+def test_core_ids_respect_the_crd_item_length() -> None:
+    cpus = range(0, 400, 2)  # 200 single cpus: no ranges
+    entries = pods.core_ids(cpus)
+    assert len(entries) > 1 and all(len(e) <= 128 for e in entries)
+    assert set().union(*(parse_cpu_list(e) for e in entries)) == set(cpus)
+    assert pods.core_ids([1, 2, 3]) == ["1-3"]
+
+
+def test_workload_patch_compares_before_writing() -> None:
+    request = pods.pod_request(pod(annotations={"c_mba_percentage": "50"}))
+    before = pods.workload_body(request, request.containers[0], [1, 2])
+    assert pods.workload_patch(before, copy.deepcopy(before)) is None
+    current = copy.deepcopy(before)
+    current["metadata"]["labels"]["team"] = "a"  # another tool's label stays
+    plain = pods.pod_request(pod())
+    desired = pods.workload_body(plain, plain.containers[0], [1, 3])
+    patch = pods.workload_patch(current, desired)
+    assert patch == {"spec": {"coreIds": ["1,3"], "rdt": {"mba": None}}}
+    assert merge_diff(current["spec"], desired["spec"]) == patch["spec"]
+
+
+def test_node_state_only_for_the_current_generation() -> None:
+    workload: Obj = {
+        "metadata": {"name": "w", "generation": 2},
+        "status": {
+            "observedGeneration": 1,
+            "workloadStates": {"worker-1": {"status": "Failed", "response": "Fail: no"}},
+        },
+    }
+    assert pods.node_state(workload, "worker-1") is None
+    workload["status"]["observedGeneration"] = 2
+    assert pods.node_state(workload, "worker-1") == pods.NodeState("Failed", "Fail: no")
+    assert pods.node_state(workload, "worker-2") is None
+
+
+@pytest.mark.parametrize("delete", [True, False])
+def test_failure_decision(delete: bool) -> None:
+    decision = pods.on_failure(delete, "c", "web-rmd-workload-c", "worker-1", "cache max=6 exceeds the pool")
+    assert decision.delete_pod is delete
+    assert decision.event.type == "Warning" and decision.event.reason == pods.WORKLOAD_FAILED
+    assert "cache max=6 exceeds the pool" in decision.event.message
+    assert ("deleting the pod" in decision.event.message) is delete
+
+
+# -- the orchestration ---------------------------------------------------------------------------------------
+
+ALLOCATED = agent_pb2.GetContainerCpusResponse.ALLOCATED
+NOT_YET = agent_pb2.GetContainerCpusResponse.NOT_YET_ALLOCATED
+NOT_EXCLUSIVE = agent_pb2.GetContainerCpusResponse.NOT_EXCLUSIVE
+
+
+class FakeAgents:
+    """Per (namespace, pod, container): the answers to give in turn (the last one repeats)."""
+
+    def __init__(self) -> None:
+        self.answers: dict[tuple[str, str, str], list[agent_pb2.GetContainerCpusResponse]] = {}
+        self.held: list[agent_pb2.Workload] = []
+        self.cpu_calls = 0
+        self.down = False
+
+    def allocate(self, namespace: str, name: str, cont: str, *cpus: int, after: int = 0) -> None:
+        pending = [agent_pb2.GetContainerCpusResponse(state=NOT_YET)] * after
+        self.answers[(namespace, name, cont)] = [
+            *pending,
+            agent_pb2.GetContainerCpusResponse(state=ALLOCATED, cpus=cpus),
+        ]
+
+    async def container_cpus(
+        self, node: str, endpoint: str, *, namespace: str, pod: str, uid: str, container: str
+    ) -> agent_pb2.GetContainerCpusResponse:
+        self.cpu_calls += 1
+        if self.down:
+            raise CallFailure("UNAVAILABLE", "down")
+        queue = self.answers.get(
+            (namespace, pod, container), [agent_pb2.GetContainerCpusResponse(state=NOT_YET)]
+        )
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    async def list_workloads(self, node: str, endpoint: str) -> Sequence[agent_pb2.Workload]:
+        return list(self.held)
+
+
+class FakeObjects:
+    """RmdWorkloads and pods in memory, with uids and generations like the API server's."""
+
+    def __init__(self) -> None:
+        self.workloads: dict[tuple[str, str], Obj] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.deleted_pods: list[tuple[str, str, str]] = []
+        self.pods: dict[tuple[str, str], str] = {}  # what pod_uid answers
+        self._uids = itertools.count(1)
+
+    async def get_workload(self, namespace: str, name: str) -> Obj | None:
+        found = self.workloads.get((namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    async def create_workload(self, body: Mapping[str, Any]) -> Obj | None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if key in self.workloads:
+            return None
+        obj = copy.deepcopy(dict(body))
+        obj["metadata"].update(uid=f"w{next(self._uids)}", generation=1)
+        self.workloads[key] = obj
+        self.writes.append(("create", key[1]))
+        return copy.deepcopy(obj)
+
+    async def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Obj | None:
+        obj = self.workloads.get((namespace, name))
+        if obj is None:
+            return None
+        _merge(obj, patch)
+        if "spec" in patch:
+            obj["metadata"]["generation"] += 1
+        self.writes.append(("patch", name))
+        return copy.deepcopy(obj)
+
+    async def delete_workload(self, namespace: str, name: str, uid: str) -> None:
+        obj = self.workloads.get((namespace, name))
+        if obj is not None and obj["metadata"]["uid"] == uid:
+            del self.workloads[(namespace, name)]
+            self.writes.append(("delete", name))
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        self.deleted_pods.append((namespace, name, uid))
+        return True
+
+    async def pod_uid(self, namespace: str, name: str) -> str | None:
+        return self.pods.get((namespace, name))
+
+    def set_status(self, namespace: str, name: str, node: str, status: str, response: str) -> Obj:
+        obj = self.workloads[(namespace, name)]
+        obj["status"] = {
+            "observedGeneration": obj["metadata"]["generation"],
+            "workloadStates": {
+                node: {"status": status, "response": response, "cosName": "COS3", "coreIds": ["1-2"]}
+            },
+        }
+        return copy.deepcopy(obj)
+
+
+def _merge(target: Obj, patch: Mapping[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class Harness:
+    def __init__(self, **settings: Any) -> None:
+        self.agents = FakeAgents()
+        self.objects = FakeObjects()
+        self.events: list[tuple[str, EventText]] = []
+        self.flow = PodFlow(
+            OperatorSettings(retry_initial_seconds=0.01, retry_max_seconds=0.05, **settings),
+            agents=self.agents,
+            objects=self.objects,
+            events=lambda body, e: self.events.append((body["metadata"]["name"], e)),
+        )
+        self.flow.agent_changed("worker-1", NodeAgent("worker-1", endpoint="127.0.0.1:1"))
+
+    def reasons(self) -> list[str]:
+        return [e.reason for _, e in self.events]
+
+    async def until(self, condition: Callable[[], bool], within: float = 3.0) -> None:
+        async with asyncio.timeout(within):
+            while not condition():  # noqa: ASYNC110  # polls the flow's effects, which signal nothing
+                await asyncio.sleep(0.01)
+
+
+@pytest.fixture(autouse=True)
+def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pod_flow, "_ALLOCATION_POLL", (0.01, 0.02))
+    monkeypatch.setattr(pod_flow, "_RELEASE_POLL", (0.01, 0.02))
+
+
+async def test_cpus_are_retried_until_allocated_then_the_workload_is_created() -> None:
+    h = Harness()
+    h.agents.allocate("ns", "web", "c", 4, 5, after=3)
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: ("ns", "web-rmd-workload-c") in h.objects.workloads)
+    assert h.agents.cpu_calls == 4
+    assert h.objects.workloads[("ns", "web-rmd-workload-c")]["spec"]["coreIds"] == ["4-5"]
+    # Success on the node: one Normal Event on the pod.
+    h.flow.workload_changed(
+        "MODIFIED", h.objects.set_status("ns", "web-rmd-workload-c", "worker-1", "Successful", "Success: OK")
+    )
+    h.flow.workload_changed(
+        "MODIFIED", h.objects.set_status("ns", "web-rmd-workload-c", "worker-1", "Successful", "Success: OK")
+    )
+    assert h.reasons() == [pods.APPLIED]
+    await h.flow.close()
+
+
+async def test_cpus_retried_while_the_agent_is_unreachable() -> None:
+    h = Harness()
+    h.agents.down = True
+    h.agents.allocate("ns", "web", "c", 7)
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: h.agents.cpu_calls >= 3)
+    assert not h.objects.workloads
+    h.agents.down = False
+    await h.until(lambda: ("ns", "web-rmd-workload-c") in h.objects.workloads)
+    await h.flow.close()
+
+
+async def test_existing_equal_workload_is_not_written_and_a_changed_one_is_patched() -> None:
+    h = Harness()
+    h.agents.allocate("ns", "web", "c", 1, 2)
+    request = pods.pod_request(pod())
+    await h.objects.create_workload(pods.workload_body(request, request.containers[0], [1, 2]))
+    h.objects.writes.clear()
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: not h.flow._pods[request.uid].tasks)
+    assert h.objects.writes == []
+    # An annotation added: the same pod, a new request.
+    h.flow.pod_changed("MODIFIED", pod(annotations={"c_pstate_monitoring": "on"}))
+    await h.until(lambda: h.objects.writes == [("patch", "web-rmd-workload-c")])
+    assert h.objects.workloads[("ns", "web-rmd-workload-c")]["spec"]["plugins"] == {
+        "pstate": {"monitoring": "on"}
+    }
+    await h.flow.close()
+
+
+@pytest.mark.parametrize("delete", [True, False])
+async def test_failure_on_the_node_deletes_the_pod_unless_told_not_to(delete: bool) -> None:
+    h = Harness(delete_failed_pods=delete)
+    h.agents.allocate("ns", "web", "c", 1)
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: ("ns", "web-rmd-workload-c") in h.objects.workloads)
+    failed = h.objects.set_status(
+        "ns", "web-rmd-workload-c", "worker-1", "Failed", "Fail: cache max=6 exceeds the pool"
+    )
+    h.flow.workload_changed("MODIFIED", failed)
+    h.flow.workload_changed("MODIFIED", failed)  # the same state again: nothing new
+    await asyncio.sleep(0.05)
+    assert h.reasons() == [pods.WORKLOAD_FAILED]
+    assert "cache max=6 exceeds the pool" in h.events[0][1].message
+    assert h.objects.deleted_pods == ([("ns", "web", "uid-1")] if delete else [])
+    await h.flow.close()
+
+
+async def test_no_exclusive_cpus_is_a_failure() -> None:
+    h = Harness()
+    h.agents.answers[("ns", "web", "c")] = [
+        agent_pb2.GetContainerCpusResponse(state=NOT_EXCLUSIVE, detail="shared pool")
+    ]
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: bool(h.objects.deleted_pods))
+    assert h.reasons() == [pods.WORKLOAD_FAILED] and not h.objects.workloads
+    await h.flow.close()
+
+
+async def test_refusals_are_posted_once_and_nothing_is_created() -> None:
+    h = Harness()
+    burstable = pod(container("c", requests={"cpu": "1", "memory": "1Gi", WAYS: "2"}))
+    h.flow.pod_changed(None, burstable)
+    h.flow.pod_changed("MODIFIED", burstable)
+    await asyncio.sleep(0.05)
+    assert h.reasons() == [pods.NOT_GUARANTEED] and not h.objects.workloads and h.agents.cpu_calls == 0
+    await h.flow.close()
+
+
+async def test_same_pod_name_in_two_namespaces_never_mixes() -> None:
+    h = Harness()
+    h.agents.allocate("a", "web", "c", 2, 3)
+    h.agents.allocate("b", "web", "c", 8, 9)
+    h.flow.pod_changed(None, pod(namespace="a", uid="ua"))
+    h.flow.pod_changed(None, pod(namespace="b", uid="ub"))
+    await h.until(lambda: len(h.objects.workloads) == 2)
+    a, b = h.objects.workloads[("a", "web-rmd-workload-c")], h.objects.workloads[("b", "web-rmd-workload-c")]
+    assert (a["spec"]["coreIds"], pods.owner_pod_uid(a)) == (["2-3"], "ua")
+    assert (b["spec"]["coreIds"], pods.owner_pod_uid(b)) == (["8-9"], "ub")
+    # b's failure concerns b's pod only.
+    h.flow.workload_changed(
+        "MODIFIED", h.objects.set_status("b", "web-rmd-workload-c", "worker-1", "Failed", "Fail: x")
+    )
+    await h.until(lambda: bool(h.objects.deleted_pods))
+    assert h.objects.deleted_pods == [("b", "web", "ub")]
+    await h.flow.close()
+
+
+async def test_an_earlier_same_named_pods_workload_is_replaced() -> None:
+    h = Harness()
+    old = pods.pod_request(pod(uid="old"))
+    await h.objects.create_workload(pods.workload_body(old, old.containers[0], [1]))
+    h.agents.allocate("ns", "web", "c", 6)
+    h.flow.pod_changed(None, pod(uid="new"))
+    await h.until(
+        lambda: pods.owner_pod_uid(h.objects.workloads.get(("ns", "web-rmd-workload-c"), {})) == "new"
+    )
+    assert [w for w, _ in h.objects.writes] == ["create", "delete", "create"]
+    await h.flow.close()
+
+
+async def test_someone_elses_workload_of_that_name_is_left_alone() -> None:
+    h = Harness()
+    h.objects.workloads[("ns", "web-rmd-workload-c")] = {
+        "metadata": {"name": "web-rmd-workload-c", "uid": "u"}
+    }
+    h.agents.allocate("ns", "web", "c", 6)
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: bool(h.events))
+    assert h.reasons() == [pods.INVALID_REQUEST] and "does not belong to this pod" in h.events[0][1].message
+    assert h.objects.writes == [] and h.objects.deleted_pods == []
+    await h.flow.close()
+
+
+async def test_waits_until_the_agent_released_the_cpus() -> None:
+    h = Harness()
+    h.agents.held = [
+        agent_pb2.Workload(
+            ref=agent_pb2.WorkloadRef(namespace="ns", name="old-rmd-workload-c", uid="x"), cpus=[3, 4]
+        )
+    ]
+    h.agents.allocate("ns", "web", "c", 4, 5)
+    h.flow.pod_changed(None, pod())
+    await asyncio.sleep(0.1)
+    assert not h.objects.workloads  # cpu 4 is still held
+    h.agents.held = []
+    await h.until(lambda: bool(h.objects.workloads))
+    await h.flow.close()
+
+
+async def test_finished_pod_loses_its_workloads_and_deleted_workload_of_running_pod_comes_back() -> None:
+    h = Harness()
+    h.agents.allocate("ns", "web", "c", 1)
+    h.flow.pod_changed(None, pod(phase="Running"))
+    await h.until(lambda: bool(h.objects.workloads))
+    gone = h.objects.workloads.pop(("ns", "web-rmd-workload-c"))
+    h.flow.workload_changed("DELETED", gone)
+    await h.until(lambda: bool(h.objects.workloads))
+    h.flow.pod_changed("MODIFIED", pod(phase="Succeeded"))
+    await h.until(lambda: not h.objects.workloads)
+    h.flow.workload_changed("DELETED", gone)  # not recreated for a finished pod
+    await asyncio.sleep(0.05)
+    assert not h.objects.workloads
+    await h.flow.close()
+
+
+async def test_deleted_pod_stops_waiting() -> None:
+    h = Harness()
+    h.flow.pod_changed(None, pod())  # never allocated
+    await h.until(lambda: h.agents.cpu_calls >= 2)
+    h.flow.pod_changed("DELETED", pod())
+    calls = h.agents.cpu_calls
+    await asyncio.sleep(0.05)
+    assert h.agents.cpu_calls == calls and h.flow.health() == {"pods": 0}
+    await h.flow.close()
+
+
+async def test_a_pod_whose_deletion_the_watch_missed_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pod_flow, "_POD_CHECK_SECONDS", 0.05)
+    h = Harness()
+    h.objects.pods[("ns", "web")] = "uid-1"
+    h.flow.pod_changed(None, pod())  # never allocated
+    await asyncio.sleep(0.2)
+    assert h.flow.health() == {"pods": 1}  # still there: still asking
+    h.objects.pods[("ns", "web")] = "uid-2"  # deleted and re-created while the watch was down
+    await h.until(lambda: h.flow.health() == {"pods": 0})
+    calls = h.agents.cpu_calls
+    await asyncio.sleep(0.05)
+    assert h.agents.cpu_calls == calls
+    await h.flow.close()
