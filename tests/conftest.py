@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+
+# Before any test module imports grpc: see rmd_sim/__init__.py (tests start agents, kubelets and the operator
+# as subprocesses while in-process gRPC servers run).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
 @pytest.fixture

@@ -119,7 +119,11 @@ class ResctrlOperations:
         self._handles: dict[int, _Handle] = {}
         self._next_fh = 1
 
-    def _rel(self, path: str) -> str:
+    def _rel(self, path: str | None) -> str:
+        if (
+            path is None
+        ):  # libfuse may pass no path for an open handle whose file is gone (e.g. a rmdir'ed group)
+            raise _err(errno.ENOENT, "(removed)")
         rel = path.strip("/")
         if is_hidden(rel):
             raise _err(errno.ENOENT, rel)
