@@ -60,6 +60,10 @@ class _Stub(Protocol):
         self, request: agent_pb2.ListWorkloadsRequest, *, timeout: float
     ) -> Awaitable[agent_pb2.ListWorkloadsResponse]: ...
 
+    def GetContainerCpus(
+        self, request: agent_pb2.GetContainerCpusRequest, *, timeout: float
+    ) -> Awaitable[agent_pb2.GetContainerCpusResponse]: ...
+
 
 @dataclass(frozen=True)
 class TlsMaterial:
@@ -259,6 +263,16 @@ class AgentClients:
         timeout = self._settings.agent_call_timeout_seconds
         response = await self._call(node, endpoint, lambda stub: stub.ListWorkloads(request, timeout=timeout))
         return list(response.workloads)
+
+    async def container_cpus(
+        self, node: str, endpoint: str, *, namespace: str, pod: str, uid: str, container: str
+    ) -> agent_pb2.GetContainerCpusResponse:
+        """GetContainerCpus: the exclusive CPUs the node's kubelet gave the container. CallFailure."""
+        request = agent_pb2.GetContainerCpusRequest(
+            pod_namespace=namespace, pod_name=pod, pod_uid=uid, container=container
+        )
+        timeout = self._settings.agent_call_timeout_seconds
+        return await self._call(node, endpoint, lambda stub: stub.GetContainerCpus(request, timeout=timeout))
 
 
 async def close_quietly(clients: AgentClients | None) -> None:

@@ -33,10 +33,10 @@ from typing import Any, TypeVar, cast
 import kopf
 
 from rmd_operator import pods
-from rmd_operator.agent_client import close_quietly
+from rmd_operator.agent_client import AgentClients, close_quietly
 from rmd_operator.errors import ConfigError, RetryLater
 from rmd_operator.kube import GROUP, NODE_STATES, VERSION, WORKLOADS, StatusWriter
-from rmd_operator.pod_flow import PodFlow, PodFlowAgents, PodObjectsApi
+from rmd_operator.pod_flow import PodFlow, PodObjectsApi
 from rmd_operator.reconcile import Cluster, Reconciler
 from rmd_operator.settings import OperatorSettings, active
 from rmd_operator.status import EventText
@@ -122,7 +122,7 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure_kopf(settings, SETTINGS)
     try:
-        clients = await PodFlowAgents.create(SETTINGS)
+        clients = await AgentClients.create(SETTINGS)
     except ConfigError as exc:  # unreadable certificates: retrying will not help
         raise kopf.PermanentError(str(exc)) from None
     writer = await StatusWriter.create()

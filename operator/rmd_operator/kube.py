@@ -34,7 +34,7 @@ class KubeError(OperatorError):
     """A write to the API server failed (other than the object being gone)."""
 
 
-def _load_configuration() -> client.Configuration:
+def load_configuration() -> client.Configuration:
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
@@ -53,7 +53,7 @@ class StatusWriter:
 
     @classmethod
     async def create(cls) -> StatusWriter:
-        configuration = await asyncio.to_thread(_load_configuration)
+        configuration = await asyncio.to_thread(load_configuration)
         return cls(client.ApiClient(configuration=configuration))
 
     async def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:

@@ -31,7 +31,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import urllib3
 from kubernetes import client
@@ -39,9 +39,9 @@ from kubernetes.client.exceptions import ApiException
 
 from rmd_api.agent.v1 import agent_pb2
 from rmd_operator import pods
-from rmd_operator.agent_client import AgentClients, CallFailure
+from rmd_operator.agent_client import CallFailure
 from rmd_operator.errors import OperatorError
-from rmd_operator.kube import GROUP, VERSION, WORKLOADS, KubeError, _load_configuration
+from rmd_operator.kube import GROUP, VERSION, WORKLOADS, KubeError, load_configuration
 from rmd_operator.settings import OperatorSettings
 from rmd_operator.status import FAILED, SUCCESSFUL, EventText
 from rmd_operator.targets import NodeAgent
@@ -100,35 +100,6 @@ class PodObjects(Protocol):
 # -- the I/O implementations -------------------------------------------------------------------------------
 
 
-class _CpusStub(Protocol):
-    def GetContainerCpus(
-        self, request: agent_pb2.GetContainerCpusRequest, *, timeout: float
-    ) -> Any: ...  # an awaitable of GetContainerCpusResponse
-
-
-class PodFlowAgents(AgentClients):
-    """AgentClients with the pod flow's GetContainerCpus call; `await PodFlowAgents.create(settings)`."""
-
-    @classmethod
-    async def create(cls, settings: OperatorSettings) -> PodFlowAgents:
-        clients = await super().create(settings)
-        assert isinstance(clients, PodFlowAgents)  # AgentClients.create builds `cls`
-        return clients
-
-    async def container_cpus(
-        self, node: str, endpoint: str, *, namespace: str, pod: str, uid: str, container: str
-    ) -> agent_pb2.GetContainerCpusResponse:
-        """The container's exclusive CPUs as the node's kubelet allocated them. CallFailure."""
-        request = agent_pb2.GetContainerCpusRequest(
-            pod_namespace=namespace, pod_name=pod, pod_uid=uid, container=container
-        )
-        timeout = self._settings.agent_call_timeout_seconds
-        response: agent_pb2.GetContainerCpusResponse = await self._call(
-            node, endpoint, lambda stub: cast(_CpusStub, stub).GetContainerCpus(request, timeout=timeout)
-        )
-        return response
-
-
 def _api_message(exc: ApiException) -> str:
     try:
         body = json.loads(exc.body or "{}")
@@ -148,7 +119,7 @@ class PodObjectsApi:
 
     @classmethod
     async def create(cls) -> PodObjectsApi:
-        configuration = await asyncio.to_thread(_load_configuration)
+        configuration = await asyncio.to_thread(load_configuration)
         return cls(client.ApiClient(configuration=configuration))
 
     def close(self) -> None:
