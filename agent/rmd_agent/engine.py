@@ -288,8 +288,7 @@ class NodeEngine:
                 if old is None or not same_object:
                     target = dataclasses.replace(target, next_id=target.next_id + 1)
             before = self._pstate_params.get(workload.key)
-            result = await asyncio.to_thread(self._converge, target, workload.key)
-            await self._commit(result)
+            result = await self._change(target, workload.key)
             record = self._state.find(workload.key)
             assert record is not None
             changed = old != record or result.writes > 0 or self._pstate_params.get(workload.key) != before
@@ -304,8 +303,7 @@ class NodeEngine:
             record = self._state.find(key)
             if record is None or (uid and record.request.uid and record.request.uid != uid):
                 return False
-            result = await asyncio.to_thread(self._converge, self._state.without(key), None)
-            await self._commit(result)
+            result = await self._change(self._state.without(key), None)
             log.info("removed %s (%d resctrl write(s))", key, result.writes)
             return True
 
@@ -410,16 +408,42 @@ class NodeEngine:
     async def _try_reconcile(self) -> None:
         """Make the node match the registry. EngineUnavailable (remembered for ready()) if it cannot now."""
         try:
-            result = await asyncio.to_thread(self._converge, self._state, None)
+            result = await self._change(self._state, None)
         except (EngineUnavailable, ResctrlWriteError) as exc:  # ResctrlBusy is an EngineUnavailable
             self._not_ready = f"cannot reconcile resctrl with the registry: {exc}"
             log.warning("%s", self._not_ready)
             raise EngineUnavailable(self._not_ready) from exc
-        await self._commit(result)
         for key, rejection in result.rejected.items():
             log.error("workload %s from the registry cannot be enforced: %s", key, rejection)
         self._reconciled = True
         self._not_ready = ""
+
+    async def _change(self, target: AgentState, must_accept: str | None) -> _Converged:
+        """Converge and commit as one step that cancelling the caller cannot split.
+
+        The worker thread finishes its kernel writes and its state save whatever happens to the caller (a
+        gRPC call whose deadline ran out, an operator that went away), so the in-memory state must follow
+        it; otherwise the engine would take its own new group for another tool's. A cancellation is passed
+        on once the step is done."""
+
+        async def step() -> _Converged:
+            result = await asyncio.to_thread(self._converge, target, must_accept)
+            await self._commit(result)
+            return result
+
+        task = asyncio.ensure_future(step())
+        cancelled = False
+        while True:
+            try:
+                result = await asyncio.shield(task)
+                break
+            except asyncio.CancelledError:
+                if task.cancelled():
+                    raise
+                cancelled = True  # wait for the step, then pass the cancellation on
+        if cancelled:
+            raise asyncio.CancelledError
+        return result
 
     def _converge(self, target: AgentState, must_accept: str | None) -> _Converged:
         """Make resctrl match `target`'s registry (worker thread). With `must_accept`, that workload's

@@ -920,3 +920,27 @@ async def test_engine_refuses_to_start_on_a_corrupt_state_file(node: SimNode) ->
 def test_counters_follow_the_tree(make_node: Callable[..., SimNode]) -> None:
     node = make_node(mounted=False)
     assert isinstance(default_counters(HostFS(node.host)), FileCounters)
+
+
+async def test_a_cancelled_apply_still_leaves_engine_kernel_and_state_agreeing(
+    node: SimNode, start_engine: Any
+) -> None:
+    """A gRPC call whose deadline runs out cancels apply() while its worker thread writes resctrl; the engine
+    must still record what the thread did, or it would take its own group for another tool's."""
+    engine = await start_engine(node)
+    for i in range(4):
+        workload = wl(f"c{i}", SOCKET0[2 * i + 2 : 2 * i + 4], **cache(1, 1))
+        task = asyncio.create_task(engine.apply(workload))
+        await asyncio.sleep(0.001 * i)  # cancel at different points of the step
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        applied, _ = await engine.apply(workload)  # the retry a client makes succeeds
+        assert applied.status == "Successful"
+    listed = {a.workload.key: a.cos_name for a in await engine.list()}
+    groups = set(node.sim.groups()) - {""}
+    assert set(listed.values()) <= groups
+    assert groups == set(listed.values())  # nothing leaked: every group on the node is a listed workload's
+    assert check_resctrl_tree(node.mount.backing_root) == []
+    restarted = await start_engine(node)  # the state file agrees too
+    assert {a.workload.key: a.cos_name for a in await restarted.list()} == listed
