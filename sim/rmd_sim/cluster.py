@@ -5,6 +5,9 @@ the demo build on it.
     async with SimCluster(workdir, nodes=["worker-node-1", "worker-node-2"]) as cluster:
         cluster.kubectl("apply", "-f", "examples/")
         ...
+
+`isolate_node(name)` moves a node's agent into a network namespace of its own (`rmd_sim.netns`), whose link a
+test can cut and restore; `rejoin_node(name)` brings it back. `stop()` undoes both.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -25,6 +29,7 @@ import kubernetes
 import yaml
 
 from rmd_sim.control_plane import ControlPlane, find_bin_dir, repo_root
+from rmd_sim.netns import SUBNET, AgentNetwork
 from rmd_sim.netutil import free_port
 from rmd_sim.node import ClusterPki, SimNode
 from rmd_sim.spec import NodeSpec
@@ -48,6 +53,7 @@ class SimCluster:
         control_plane: ControlPlane | None = None,
         operator_settings: Mapping[str, Any] | None = None,
         agent_settings: Mapping[str, Any] | None = None,
+        resctrl_process: bool = False,
     ) -> None:
         self.workdir = workdir
         self.node_names = list(nodes)
@@ -57,11 +63,13 @@ class SimCluster:
         self.control_plane = control_plane
         self.operator_settings = dict(operator_settings or {})
         self.agent_settings = dict(agent_settings or {})
+        self.resctrl_process = resctrl_process  # each node's FUSE resctrl in its own process (SimNode)
         self.pki = ClusterPki(workdir / "pki")
         self.nodes: dict[str, SimNode] = {}
         self.operator: subprocess.Popen[bytes] | None = None
         self.operator_log = workdir / "operator.log"
         self.liveness_port = free_port()
+        self.networks: dict[str, AgentNetwork] = {}  # node -> the network namespace its agent runs in
 
     @property
     def kubeconfig(self) -> Path:
@@ -100,6 +108,7 @@ class SimCluster:
                 labels=self.labels,
                 node_state_namespace=SYSTEM_NAMESPACE,
                 agent_settings=self.agent_settings,
+                resctrl_process=self.resctrl_process,
             )
         await asyncio.gather(*(node.start() for node in self.nodes.values()))
         await self.start_operator()
@@ -117,7 +126,9 @@ class SimCluster:
     async def start_operator(self) -> None:
         config = self.workdir / "operator.yaml"
         config.write_text(yaml.safe_dump(self.operator_config(), sort_keys=True))
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "NO_PROXY": "127.0.0.1,localhost"}
+        # Agents in network namespaces of their own are dialled at addresses of SUBNET: never via a proxy.
+        no_proxy = f"127.0.0.1,localhost,{SUBNET}"
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "NO_PROXY": no_proxy, "no_proxy": no_proxy}
         self.operator = await asyncio.to_thread(self._spawn_operator, config, env)
         await self._wait_operator_live()
 
@@ -160,9 +171,38 @@ class SimCluster:
             os.killpg(proc.pid, signal.SIGKILL)
             await asyncio.to_thread(proc.wait)
 
+    def _api_server(self) -> tuple[str, int]:
+        url = urllib.parse.urlsplit(self.control_plane.server_url if self.control_plane else "")
+        assert url.hostname and url.port, "start() first"
+        return url.hostname, url.port
+
+    async def isolate_node(self, name: str) -> AgentNetwork:
+        """Restart the node's agent in a network namespace of its own (NetnsUnavailable without the
+        privileges). The operator finds its new endpoint in its RmdNodeState."""
+        node = self.nodes[name]
+        if name in self.networks:
+            return self.networks[name]
+        network = await asyncio.to_thread(AgentNetwork(name, api_server=self._api_server()).create)
+        self.networks[name] = network
+        await node.move_agent(network)
+        return network
+
+    async def rejoin_node(self, name: str) -> None:
+        """Restart the node's agent back in this network namespace and delete the one it had."""
+        network = self.networks.pop(name, None)
+        if network is None:
+            return
+        try:
+            await self.nodes[name].move_agent(None)
+        finally:
+            await asyncio.to_thread(network.destroy)
+
     async def stop(self) -> None:
         await self.stop_operator()
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
+        for network in self.networks.values():  # after the agents inside them stopped
+            await asyncio.to_thread(network.destroy)
+        self.networks.clear()
         if self._own_control_plane and self.control_plane is not None:
             self.control_plane.stop()
             self.control_plane = None

@@ -9,18 +9,26 @@
 
 The agent process reads its settings from a YAML file (config.yaml under the node's work dir);
 `agent_settings` overrides or adds settings (e.g. kubeconfig for the Kubernetes parts).
+
+`resctrl_process=True` serves the node's FUSE resctrl from a child process (`python -m rmd_sim
+resctrl-mount`) instead of a thread of this one: many nodes served by one process contend for its GIL
+(benchmarks). `node.mount.sim` (fault injection) is then unavailable; `check_resctrl()` still works.
+
+`move_agent(network)` restarts the agent inside an `rmd_sim.netns.AgentNetwork` (a network namespace of its
+own, so a test can cut it off for real): it then listens on the namespace's address and reaches the API
+server through the network's relay. Everything else (host tree, FUSE mount, kubelet sockets) stays shared.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Self
 
@@ -31,10 +39,11 @@ import yaml
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.kubelet import SimKubelet
 from rmd_sim.kubelet_api import KubeletNode
+from rmd_sim.netns import AgentNetwork
 from rmd_sim.netutil import free_port
 from rmd_sim.pki import CertificateAuthority
 from rmd_sim.resctrl import check_resctrl_tree
-from rmd_sim.resctrl_fuse import ResctrlMount
+from rmd_sim.resctrl_fuse import MOUNT_TIMEOUT_S, ResctrlMount, ResctrlMountError, is_mounted, unmount
 from rmd_sim.spec import NodeSpec
 
 OPERATOR_IDENTITY = "rmd-operator"  # the client identity agents allow by default (docs/security.md)
@@ -96,6 +105,7 @@ class SimNode:
         kubeconfig: Path | None = None,
         labels: dict[str, str] | None = None,
         node_state_namespace: str = "default",
+        resctrl_process: bool = False,
     ) -> None:
         self.name = name
         self.workdir = workdir
@@ -113,21 +123,38 @@ class SimNode:
         self.grpc_port = free_port()
         self.http_port = free_port()
         self.mount = ResctrlMount(self.root)
+        self.resctrl_process = resctrl_process
+        self.mount_process: subprocess.Popen[bytes] | None = None
         self.kubelet: SimKubelet | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "agent.log"
+        self.network: AgentNetwork | None = None  # the agent's own network namespace, if any
+
+    @property
+    def agent_host(self) -> str:
+        """The address the agent listens on: loopback, or its own network namespace's address."""
+        return self.network.address if self.network is not None else "127.0.0.1"
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.agent_host}:{self.grpc_port}"
 
     def agent_config(self) -> dict[str, Any]:
+        config = self._agent_config()
+        if self.network is not None and config.get("kubeconfig"):
+            # The API server is on this namespace's loopback: go through the network's relay.
+            config["kubeconfig"] = str(
+                self.network.write_kubeconfig(Path(config["kubeconfig"]), self.workdir / "netns.kubeconfig")
+            )
+        return config
+
+    def _agent_config(self) -> dict[str, Any]:
         cert, key = self.pki.agent_certs(self.name, self.workdir / "tls")
         return {
             "node_name": self.name,
             "host_root": str(self.root),
             "grpc_listen": self.endpoint,
-            "http_listen": f"127.0.0.1:{self.http_port}",
+            "http_listen": f"{self.agent_host}:{self.http_port}",
             "tls_cert": str(cert),
             "tls_key": str(key),
             "tls_client_ca": str(self.pki.ca_file),
@@ -150,7 +177,10 @@ class SimNode:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if not self.root.exists():
             write_host_tree(self.spec, self.root)
-        await asyncio.to_thread(self.mount.start)
+        if self.resctrl_process:
+            await asyncio.to_thread(self._start_mount_process)
+        else:
+            await asyncio.to_thread(self.mount.start)
         if self.with_kubelet:
             self.kubelet = SimKubelet.from_host_tree(self.root, device_plugins=self.kubeconfig is not None)
             await self.kubelet.__aenter__()
@@ -160,6 +190,38 @@ class SimNode:
             await self.kubelet_node.__aenter__()
         await self.start_agent()
 
+    def _start_mount_process(self) -> None:
+        with (self.workdir / "resctrl-mount.log").open("ab") as log:
+            self.mount_process = subprocess.Popen(
+                [sys.executable, "-m", "rmd_sim", "resctrl-mount", "--host-root", str(self.root)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while not is_mounted(self.mount.mountpoint):
+            if self.mount_process.poll() is not None or time.monotonic() > deadline:
+                self._stop_mount_process()
+                raise ResctrlMountError(
+                    f"resctrl-mount of {self.name} did not mount {self.mount.mountpoint}; see its log "
+                    f"{self.workdir / 'resctrl-mount.log'}"
+                )
+            time.sleep(0.02)
+
+    def _stop_mount_process(self) -> None:
+        proc, self.mount_process = self.mount_process, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()  # the command's handler unmounts before exiting
+            try:
+                proc.wait(MOUNT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if is_mounted(self.mount.mountpoint):  # killed, or crashed: the dead mount answers ENOTCONN
+            unmount(self.mount.mountpoint, lazy=True)
+
     async def start_agent(self) -> None:
         config = self.workdir / "config.yaml"
         config.write_text(yaml.safe_dump(self.agent_config(), sort_keys=True))
@@ -167,23 +229,31 @@ class SimNode:
         await self.wait_ready()
 
     def _spawn_agent(self, config: Path) -> subprocess.Popen[bytes]:
+        prefix = self.network.exec_prefix() if self.network is not None else []
         with self.log_path.open("ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "rmd_agent", "serve", "--config", str(config)],
+                [*prefix, sys.executable, "-m", "rmd_agent", "serve", "--config", str(config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
 
+    def readyz(self) -> int:
+        """The agent's /readyz status code (http.client: no *_PROXY applies to the agent's address)."""
+        conn = http.client.HTTPConnection(self.agent_host, self.http_port, timeout=1)
+        try:
+            conn.request("GET", "/readyz")
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
     async def wait_ready(self, within: float = 60.0) -> None:
         deadline = time.monotonic() + within
-        url = f"http://127.0.0.1:{self.http_port}/readyz"
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
                 raise AgentProcessError(f"agent of {self.name} exited:\n{self.log_tail()}")
-            with contextlib.suppress(OSError):
-                status = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=1).status)
-                if status == 200:
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                if await asyncio.to_thread(self.readyz) == 200:
                     return
             await asyncio.sleep(0.1)
         raise AgentProcessError(f"agent of {self.name} not ready after {within:.0f}s:\n{self.log_tail()}")
@@ -205,6 +275,13 @@ class SimNode:
             os.killpg(proc.pid, signal.SIGKILL)
             return await asyncio.to_thread(proc.wait)
 
+    async def move_agent(self, network: AgentNetwork | None) -> None:
+        """Restart the agent inside `network` (None: back in this process's network namespace). Its endpoint
+        changes, and so does the one it publishes in its RmdNodeState. The caller owns `network`."""
+        await self.stop_agent()
+        self.network = network
+        await self.start_agent()
+
     async def stop(self) -> None:
         await self.stop_agent()
         if self.kubelet_node is not None:
@@ -214,14 +291,17 @@ class SimNode:
             await self.kubelet.__aexit__(None, None, None)
             self.kubelet = None
         await asyncio.to_thread(self.mount.stop)
+        await asyncio.to_thread(self._stop_mount_process)
 
     def channel(self) -> grpc.aio.Channel:
         """A channel to this node's agent with the operator's client certificate."""
         return grpc.aio.secure_channel(
-            self.endpoint,
-            self.pki.channel_credentials(),
-            options=[("grpc.ssl_target_name_override", f"rmd-agent.{self.name}")],
+            self.endpoint, self.pki.channel_credentials(), options=self.channel_options()
         )
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        """Options of a channel to this agent as the operator: its identity checked, never through a proxy."""
+        return [("grpc.ssl_target_name_override", f"rmd-agent.{self.name}"), ("grpc.enable_http_proxy", 0)]
 
     def check_resctrl(self) -> list[str]:
         return check_resctrl_tree(self.mount.backing_root)
