@@ -24,6 +24,7 @@ finalizer was taken off by hand.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import time
@@ -370,7 +371,8 @@ class Reconciler:
             prev, record = previous.get(node), mem.nodes.get(node)
             current = record.generation == generation if record is not None else observed == generation
             if blocked.agent_only and prev is not None and prev.status == st.SUCCESSFUL and current:
-                outcomes[node] = prev  # still enforced there; the agent is needed only for the next change
+                # still enforced there; the agent is needed only for the next change
+                outcomes[node] = dataclasses.replace(prev, unconfirmed=blocked.message or blocked.reason)
             else:
                 outcomes[node] = st.blocked(blocked.status, blocked.reason, blocked.message)
         jobs: dict[str, Awaitable[st.Outcome | None]] = {}
@@ -439,7 +441,7 @@ class Reconciler:
                     node, endpoint, not_before=max(record.checked_at, self._clock() - self._check_freshness())
                 )
             except CallFailure as exc:
-                # Probably still enforced (resctrl does not need the agent): check again later.
+                # Probably still enforced (resctrl does not need the agent): say so, check again later.
                 self.backoff.failed(node, self._clock())
                 log.warning(
                     "drift check of %s/%s on node %s failed: %s",
@@ -449,10 +451,10 @@ class Reconciler:
                     exc,
                     extra={"node": node, "workload": f"{ref.namespace}/{ref.name}", "error": str(exc)},
                 )
-                return prev
+                return dataclasses.replace(prev, unconfirmed=str(exc))
             if _holds(listed, ref):
                 record.checked_at = self._clock()
-                return prev
+                return dataclasses.replace(prev, unconfirmed="")
             log.info(
                 "drift: node %s no longer has %s/%s; re-applying",
                 node,

@@ -48,6 +48,8 @@ class Outcome:
     message: str
     workload: agent_pb2.Workload | None = None
     retry: bool = False  # for FAILED: may pass when retried later without a change
+    # for SUCCESSFUL: why the node's agent cannot confirm it right now (resctrl keeps enforcing without it)
+    unconfirmed: str = ""
 
     def same_state(self, other: Outcome | None) -> bool:
         """Whether nothing worth an Event changed: same status and (when both are known) same reason."""
@@ -93,9 +95,12 @@ def entry(outcome: Outcome) -> dict[str, Any]:
         prefix = "Fail" if outcome.status == FAILED else PENDING
         return {"status": outcome.status, "response": f"{prefix}: {outcome.message}"}
     w = outcome.workload
+    response = "Success: OK"
+    if outcome.unconfirmed:
+        response += f"; the agent cannot confirm it now: {outcome.unconfirmed}"
     out: dict[str, Any] = {
         "status": SUCCESSFUL,
-        "response": "Success: OK",
+        "response": response,
         "id": w.id,
         "cosName": w.cos_name,
         "coreIds": [format_cpu_list(w.cpus)] if w.cpus else [],
@@ -248,6 +253,17 @@ def _describe(workload: agent_pb2.Workload | None) -> str:
 def transition_event(node: str, old: Outcome | None, new: Outcome) -> EventText | None:
     """The Event for a node's change of state (first success, recovery, failure, new kind of trouble), or
     None when the state is the same kind as before (retries of the same trouble post nothing)."""
+    if new.status == SUCCESSFUL and old is not None and old.status == SUCCESSFUL:
+        if new.unconfirmed and not old.unconfirmed:
+            return EventText(
+                "Warning",
+                "AgentUnreachable",
+                f"node {node}: still enforced, but its agent cannot be reached: {new.unconfirmed}",
+            )
+        if old.unconfirmed and not new.unconfirmed:
+            return EventText(
+                "Normal", "AgentReachable", f"node {node}: its agent answers again, workload in place"
+            )
     if new.same_state(old):
         return None
     if new.status == SUCCESSFUL:

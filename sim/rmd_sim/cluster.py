@@ -13,6 +13,7 @@ test can cut and restore; `rejoin_node(name)` brings it back. `stop()` undoes bo
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -87,6 +88,11 @@ class SimCluster:
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # Each simulated kubelet keeps a blocking pod watch in a worker thread; with asyncio's default pool
+        # (min(32, cpus + 4) threads) a large cluster would leave no thread for anything else.
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(max_workers=16 + 4 * len(self.node_names))
+        )
         if self.control_plane is None:
             crds = sorted((repo_root() / "crds").glob("*.yaml"))
             # Started in this (long-lived) thread: its components die with the thread that started them.

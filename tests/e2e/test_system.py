@@ -948,9 +948,14 @@ def test_unreachable_agent_is_reported_and_recovers(system: System, ns: str) -> 
         pending_after = time.monotonic() - began
         assert pending_after < budget + 2
         assert any(reason == "AgentUnreachable" for reason, _ in system.events(ns, "new"))
-        # What the node already enforces stays Successful: resctrl does not need the agent (docs/operator.md).
+        # What the node already enforces stays Successful (resctrl does not need the agent, docs/operator.md),
+        # and its entry says the agent cannot confirm it once the drift check finds the agent gone.
+        system.wait(
+            lambda: "cannot confirm" in system.states(ns, "steady")[node].get("response", ""),
+            "the steady entry to say its agent cannot confirm it",
+            budget + 30,
+        )
         assert system.states(ns, "steady")[node]["status"] == "Successful"
-        time.sleep(2)
         assert system.get(ns, "leaving") is not None  # its finalizer waits for the node
     finally:
         restore()
@@ -961,6 +966,11 @@ def test_unreachable_agent_is_reported_and_recovers(system: System, ns: str) -> 
     for name in ("new", "changed", "steady"):
         system.wait_states(ns, name, {"worker-node-1": "Successful", node: "Successful"}, 90)
     system.wait_gone(ns, "leaving", 60)
+    system.wait(
+        lambda: system.states(ns, "steady")[node].get("response") == "Success: OK",
+        "the steady entry to be confirmed again",
+        90,
+    )
     print(f"converged {time.monotonic() - restored:.1f}s after the link came back")
     held = system.held(node, ns)
     assert sorted(held) == ["changed", "new", "steady"]

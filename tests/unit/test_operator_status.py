@@ -183,3 +183,21 @@ def test_after_restart_the_same_status_posts_nothing_but_a_new_one_does() -> Non
     restored = st.outcome_from_entry({"status": "Pending", "response": "Pending: UNAVAILABLE: x"})
     assert st.transition_event("n1", restored, st.call_failed("UNAVAILABLE", "y")) is None
     assert st.transition_event("n1", restored, st.applied(workload())) is not None
+
+
+def test_an_unconfirmed_success_says_so_with_events_both_ways() -> None:
+    """While a node's agent is unreachable its entry stays Successful (resctrl keeps enforcing without the
+    agent), but its response says the agent cannot confirm it; a Warning, then a recovery Event."""
+    confirmed = st.applied(workload())
+    unconfirmed = st.Outcome(
+        st.SUCCESSFUL, "Applied", "", workload(), unconfirmed="UNAVAILABLE: connect failed"
+    )
+    entry = st.entry(unconfirmed)
+    assert entry["status"] == "Successful"
+    assert entry["response"] == "Success: OK; the agent cannot confirm it now: UNAVAILABLE: connect failed"
+    assert st.entry(confirmed)["response"] == "Success: OK"
+    lost = st.transition_event("n1", confirmed, unconfirmed)
+    assert lost is not None and (lost.type, lost.reason) == ("Warning", "AgentUnreachable")
+    assert st.transition_event("n1", unconfirmed, unconfirmed) is None  # retries post nothing
+    back = st.transition_event("n1", unconfirmed, confirmed)
+    assert back is not None and (back.type, back.reason) == ("Normal", "AgentReachable")
