@@ -12,16 +12,13 @@ taken as given.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rmd_agent.errors import ConfigError
+from rmd_api.settings_layers import as_plain_dict, dump, layered_values
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -162,45 +159,7 @@ class AgentSettings:
         return self.host_root / rel.lstrip("/")
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: _plain(v) for k, v in dataclasses.asdict(self).items()}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    return list(value) if isinstance(value, tuple) else value
-
-
-def _coerce(name: str, raw: Any, default: Any) -> Any:
-    try:
-        if isinstance(default, bool):
-            if isinstance(raw, str):
-                if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                    raise ValueError(raw)
-                return raw.lower() in ("1", "true", "yes")
-            return bool(raw)
-        if isinstance(default, Path):
-            return Path(raw)
-        if isinstance(default, tuple):
-            items = raw.split(",") if isinstance(raw, str) else raw
-            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-                raise ValueError(raw)
-            return tuple(i.strip() for i in items if i.strip())
-        return type(default)(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"setting {name}: {raw!r} is not a valid {type(default).__name__}") from None
-
-
-def _read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of setting names to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+        return as_plain_dict(self)
 
 
 def load_settings(
@@ -209,26 +168,21 @@ def load_settings(
     config_file: Path | None = None,
 ) -> AgentSettings:
     """Build the settings from flags (only those given, i.e. not None), environment and an optional file."""
-    environ = environ or {}
-    known = {f.name: f.default for f in fields(AgentSettings)}
-    if config_file is None and environ.get("RMD_CONFIG"):
-        config_file = Path(environ["RMD_CONFIG"])
-    layers: list[dict[str, Any]] = [_read_config_file(config_file)] if config_file else []
-    env_layer = {name: environ[f"RMD_{name.upper()}"] for name in known if f"RMD_{name.upper()}" in environ}
-    if "node_name" not in env_layer and environ.get("NODE_NAME"):
-        env_layer["node_name"] = environ["NODE_NAME"]
-    # What the downward API conventionally sets, as NODE_NAME above.
-    for name, variable in (("node_state_namespace", "POD_NAMESPACE"), ("advertise_address", "POD_IP")):
-        if name not in env_layer and environ.get(variable):
-            env_layer[name] = environ[variable]
-    layers.append(env_layer)
-    layers.append({k: v for k, v in (flags or {}).items() if v is not None})
-    values: dict[str, Any] = {}
-    for layer in layers:
-        unknown = sorted(set(layer) - set(known))
-        if unknown:
-            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        values.update({k: _coerce(k, v, known[k]) for k, v in layer.items()})
+    values = layered_values(
+        AgentSettings,
+        flags=flags,
+        environ=environ or {},
+        config_file=config_file,
+        env_prefix="RMD_",
+        config_env="RMD_CONFIG",
+        # What the downward API conventionally sets, below the RMD_ variables.
+        aliases={
+            "node_name": "NODE_NAME",
+            "node_state_namespace": "POD_NAMESPACE",
+            "advertise_address": "POD_IP",
+        },
+        error=ConfigError,
+    )
     if values.get("log_format", "text") not in LOG_FORMATS:
         raise ConfigError(f"setting log_format: {values['log_format']!r} must be 'text' or 'json'")
     if values.get("log_level", "info") not in LOG_LEVELS:
@@ -239,4 +193,4 @@ def load_settings(
 
 
 def dump_settings(settings: AgentSettings) -> str:
-    return json.dumps(settings.as_dict(), indent=2, sort_keys=True)
+    return dump(settings)

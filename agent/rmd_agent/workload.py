@@ -28,7 +28,7 @@ from typing import Any
 
 from rmd_agent.errors import AgentError
 from rmd_agent.plan.inventory import NodeInventory
-from rmd_api.cpuset import CpuListError, format_cpu_list, parse_cpu_list
+from rmd_api.cpuset import CpuListError, format_cpu_list, parse_cpu_list_entries
 
 MAX_MBA_PERCENTAGE = 100
 MAX_MBA_MBPS = 4294967290  # RMD's (and the CRD's) bound; resctrl's own limit is U32_MAX
@@ -185,22 +185,10 @@ def _section(parent: Mapping[str, Any], key: str, path: str | None = None) -> Ma
 
 
 def _cpu_lists(value: Any, path: str) -> frozenset[int]:
-    if value is None:
-        return frozenset()
-    if not isinstance(value, list):
-        raise _invalid(f'{path} must be a list of cpu lists such as ["0-3", "8"], not {value!r}')
-    cpus: set[int] = set()
-    for i, item in enumerate(value):
-        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
-            cpus.add(item)
-            continue
-        if not isinstance(item, str):
-            raise _invalid(f"{path}[{i}] must be a cpu list string, not {item!r}")
-        try:
-            cpus |= parse_cpu_list(item)
-        except CpuListError as exc:
-            raise _invalid(f"{path}[{i}]: {exc}") from None
-    return frozenset(cpus)
+    try:
+        return parse_cpu_list_entries(value, path)
+    except CpuListError as exc:
+        raise _invalid(str(exc)) from None
 
 
 def _bool(value: Any, path: str) -> bool:

@@ -14,16 +14,13 @@ from the environment and the config file itself.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from rmd_api.settings_layers import as_plain_dict, dump, layered_values
 from rmd_operator.errors import ConfigError
 
 ENV_PREFIX = "RMD_OPERATOR_"
@@ -122,49 +119,7 @@ class OperatorSettings:
         return self.agent_server_name.replace(NODE_PLACEHOLDER, node)
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: _plain(v) for k, v in dataclasses.asdict(self).items()}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    return list(value) if isinstance(value, tuple) else value
-
-
-def _coerce(name: str, raw: Any, default: Any) -> Any:
-    try:
-        if isinstance(default, bool):
-            if isinstance(raw, str):
-                if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                    raise ValueError(raw)
-                return raw.lower() in ("1", "true", "yes")
-            if not isinstance(raw, bool):
-                raise ValueError(raw)
-            return raw
-        if isinstance(default, Path):
-            return Path(raw)
-        if isinstance(default, tuple):
-            items = raw.split(",") if isinstance(raw, str) else raw
-            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-                raise ValueError(raw)
-            return tuple(i.strip() for i in items if i.strip())
-        if isinstance(default, int | float) and isinstance(raw, bool):
-            raise ValueError(raw)
-        return type(default)(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"setting {name}: {raw!r} is not a valid {type(default).__name__}") from None
-
-
-def _read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of setting names to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+        return as_plain_dict(self)
 
 
 def _check(s: OperatorSettings) -> None:
@@ -199,34 +154,24 @@ def load_settings(
     config_file: Path | None = None,
 ) -> OperatorSettings:
     """Build the settings from flags (only those given, i.e. not None), environment and an optional file."""
-    environ = environ or {}
-    known = {f.name: f.default for f in fields(OperatorSettings)}
-    if config_file is None and environ.get(CONFIG_ENV):
-        config_file = Path(environ[CONFIG_ENV])
-    layers: list[dict[str, Any]] = [_read_config_file(config_file)] if config_file else []
-    env_layer = {
-        name: environ[ENV_PREFIX + name.upper()] for name in known if ENV_PREFIX + name.upper() in environ
-    }
-    # The downward API's conventional names, below the prefixed ones.
-    if "node_state_namespace" not in env_layer and environ.get("POD_NAMESPACE"):
-        env_layer["node_state_namespace"] = environ["POD_NAMESPACE"]
-    if "instance" not in env_layer and environ.get("POD_NAME"):
-        env_layer["instance"] = environ["POD_NAME"]
-    layers.append(env_layer)
-    layers.append({k: v for k, v in (flags or {}).items() if v is not None})
-    values: dict[str, Any] = {}
-    for layer in layers:
-        unknown = sorted(set(layer) - set(known))
-        if unknown:
-            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        values.update({k: _coerce(k, v, known[k]) for k, v in layer.items()})
+    values = layered_values(
+        OperatorSettings,
+        flags=flags,
+        environ=environ or {},
+        config_file=config_file,
+        env_prefix=ENV_PREFIX,
+        config_env=CONFIG_ENV,
+        # The downward API's conventional names, below the prefixed ones.
+        aliases={"node_state_namespace": "POD_NAMESPACE", "instance": "POD_NAME"},
+        error=ConfigError,
+    )
     settings = OperatorSettings(**values)
     _check(settings)
     return settings
 
 
 def dump_settings(settings: OperatorSettings) -> str:
-    return json.dumps(settings.as_dict(), indent=2, sort_keys=True)
+    return dump(settings)
 
 
 # -- the settings of this process ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rmd_api.agent.v1 import agent_pb2
-from rmd_api.cpuset import CpuListError, format_cpu_list, parse_cpu_list
+from rmd_api.cpuset import CpuListError, format_cpu_list, parse_cpu_list_entries
 from rmd_operator.errors import SpecError
 
 _MONITORING = {"on": True, "off": False}
@@ -42,21 +42,10 @@ def _section(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any
 
 def _cpu_list(value: Any, path: str) -> list[str]:
     """Cpu-list entries as one canonical entry ([] for none)."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise SpecError(f'{path} must be a list of cpu lists such as ["0-3", "8"], not {value!r}')
-    cpus: set[int] = set()
-    for i, item in enumerate(value):
-        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
-            cpus.add(item)
-            continue
-        if not isinstance(item, str):
-            raise SpecError(f"{path}[{i}] must be a cpu list string, not {item!r}")
-        try:
-            cpus |= parse_cpu_list(item)
-        except CpuListError as exc:
-            raise SpecError(f"{path}[{i}]: {exc}") from None
+    try:
+        cpus = parse_cpu_list_entries(value, path)
+    except CpuListError as exc:
+        raise SpecError(str(exc)) from None
     return [format_cpu_list(cpus)] if cpus else []
 
 

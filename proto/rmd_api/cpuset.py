@@ -62,3 +62,24 @@ def format_cpu_mask(cpus: Iterable[int], nbits: int) -> str:
         width = (first_bits + 3) // 4 if i == words - 1 else 8
         chunks.append(f"{(value >> (32 * i)) & 0xFFFFFFFF:0{width}x}")
     return ",".join(chunks)
+
+
+def parse_cpu_list_entries(value: object, path: str) -> frozenset[int]:
+    """The CPUs of a manifest field holding cpu-list strings or plain CPU numbers (["0-3", "8"], [4]); None is
+    none. CpuListError names `path` and the bad entry."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list):
+        raise CpuListError(f'{path} must be a list of cpu lists such as ["0-3", "8"], not {value!r}')
+    cpus: set[int] = set()
+    for i, item in enumerate(value):
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            cpus.add(item)
+        elif isinstance(item, str):
+            try:
+                cpus |= parse_cpu_list(item)
+            except CpuListError as exc:
+                raise CpuListError(f"{path}[{i}]: {exc}") from None
+        else:
+            raise CpuListError(f"{path}[{i}] must be a cpu list string, not {item!r}")
+    return frozenset(cpus)

@@ -50,7 +50,7 @@ from rmd_sim import perf
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.kubelet import ContainerSpec, SimKubelet
 from rmd_sim.resctrl import RESCTRL, SimResctrl, check_resctrl_tree, parse_schemata_text
-from rmd_sim.resctrl_fuse import ResctrlMount, fuse_unavailable_reason
+from rmd_sim.resctrl_fuse import ResctrlMount
 from rmd_sim.spec import NodeSpec
 
 SPEC = NodeSpec.default()
@@ -131,15 +131,6 @@ class SimNode:
 
     def pools(self) -> PoolSizes:
         return pool_sizes(PoolConfig(), int(self.spec.cbm_mask, 16).bit_count(), self.spec.min_cbm_bits)
-
-
-@pytest.fixture(scope="module")
-def fuse_ok() -> None:
-    reason = fuse_unavailable_reason()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"FUSE is required in CI: {reason}")
-        pytest.skip(reason)
 
 
 @pytest.fixture

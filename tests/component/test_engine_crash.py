@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from rmd_api.cpuset import format_cpu_list, parse_cpu_list
 from rmd_sim import perf
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.resctrl import RESCTRL, check_resctrl_tree, parse_schemata_text
-from rmd_sim.resctrl_fuse import ResctrlMount, fuse_unavailable_reason
+from rmd_sim.resctrl_fuse import ResctrlMount
 from rmd_sim.spec import NodeSpec
 
 SPEC = NodeSpec.default()
@@ -160,15 +159,6 @@ class Node:
             stderr=subprocess.PIPE,
             text=True,
         )
-
-
-@pytest.fixture(scope="module")
-def fuse_ok() -> None:
-    reason = fuse_unavailable_reason()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"FUSE is required in CI: {reason}")
-        pytest.skip(reason)
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from rmd_sim.resctrl_fuse import (
     ResctrlMount,
     ResctrlMountError,
     add_resctrl_mount_command,
-    fuse_unavailable_reason,
     is_mounted,
     is_writable,
 )
@@ -62,15 +61,6 @@ SYSCALL = textwrap.dedent(
         print(0)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def fuse_ok() -> None:
-    reason = fuse_unavailable_reason()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"FUSE is required in CI: {reason}")
-        pytest.skip(reason)
 
 
 @pytest.fixture
