@@ -9,10 +9,16 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 # Before any test module imports grpc: see rmd_sim/__init__.py (tests start agents, kubelets and the operator
 # as subprocesses while in-process gRPC servers run).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+# Property tests check behaviour, not speed: on a 2-CPU machine shared with builds and simulated clusters a
+# single example can take longer than hypothesis's default 200 ms deadline.
+settings.register_profile("rmd", deadline=None)
+settings.load_profile("rmd")
 
 
 @pytest.fixture

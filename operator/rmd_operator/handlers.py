@@ -11,9 +11,11 @@ kopf's file mode (it would put this directory on sys.path).
     Node          indexed by name (labels); label changes wake the workloads they may concern.
     RmdNodeState  (written by each agent, in node_state_namespace only) indexed by node; changes wake the
                   workloads of that node, reset its backoff, and occasionally trigger an orphan sweep.
-    Pod           only pods bound to a node with a container limit on intel.com/l3_cache_ways (filtered on
-                  each event before any work): the pod flow (pod_flow.py) creates their RmdWorkloads, and
-                  reacts to those workloads' status through the RmdWorkload events.
+    Pod           only pods bound to a node with a container limit on intel.com/l3_cache_ways: the pod flow
+                  (pod_flow.py) creates their RmdWorkloads, and reacts to those workloads' status through the
+                  RmdWorkload events. Standalone, pods come through our own watch (pod_watch.py), which keeps
+                  nothing of the pods it does not want; with peering through kopf's (paused with the
+                  replica, but it keeps a small record of every bound pod in the cluster).
 
 Every handler is a coroutine: kopf runs plain functions in worker threads, and the reconciler's state
 (asyncio events, tasks, gRPC channels) belongs to the event loop. Raw watch events, not on.update/on.field,
@@ -32,11 +34,11 @@ from typing import Any, TypeVar, cast
 
 import kopf
 
-from rmd_operator import pods
 from rmd_operator.agent_client import AgentClients, close_quietly
 from rmd_operator.errors import ConfigError, RetryLater
 from rmd_operator.kube import GROUP, NODE_STATES, VERSION, WORKLOADS, StatusWriter
 from rmd_operator.pod_flow import PodFlow, PodObjectsApi
+from rmd_operator.pod_watch import BOUND, PodWatch, wanted
 from rmd_operator.reconcile import Cluster, Reconciler
 from rmd_operator.settings import OperatorSettings, active
 from rmd_operator.status import EventText
@@ -57,9 +59,9 @@ def workload_in_scope(namespace: str | None, **_: Any) -> bool:
     return not SETTINGS.namespaces or namespace in SETTINGS.namespaces
 
 
-def pod_asks_for_cache_ways(namespace: str | None, spec: kopf.Spec, **_: Any) -> bool:
+def pod_wanted(body: kopf.Body, **_: Any) -> bool:
     # Evaluated for every pod event: a dictionary walk over the containers' limits, nothing more.
-    return workload_in_scope(namespace) and pods.asks_for_cache_ways(spec)
+    return wanted(body, SETTINGS.namespaces)
 
 
 def node_state_in_scope(namespace: str | None, **_: Any) -> bool:
@@ -115,6 +117,8 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.watching.server_timeout = ours.watch_timeout_seconds
     settings.watching.client_timeout = ours.watch_timeout_seconds + 10
     settings.watching.connect_timeout = 10
+    settings.watching.chunk_size = ours.list_page_size
+    settings.watching.field_selectors["v1", "pods"] = BOUND  # (kopf watches pods only with peering)
     logging.getLogger("rmd_operator").setLevel(ours.log_level.upper())
 
 
@@ -131,7 +135,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.status_writer = writer
     memo.pod_objects = pod_objects
     memo.reconciler = Reconciler(SETTINGS, agents=clients, status_sink=writer, events=_post_event)
-    memo.pod_flow = PodFlow(SETTINGS, agents=clients, objects=pod_objects, events=_post_event)
+    memo.pod_flow = pod_flow = PodFlow(SETTINGS, agents=clients, objects=pod_objects, events=_post_event)
+    if not SETTINGS.peering:
+        watch, memo.pod_watch_api = await PodWatch.on_loop(
+            pod_flow.pod_changed,
+            namespaces=SETTINGS.namespaces,
+            page_size=SETTINGS.list_page_size,
+            timeout_seconds=SETTINGS.watch_timeout_seconds,
+        )
+        watch.start()
+        memo.pod_watch = watch
     log.info(
         "rmd-operator started: workloads in %s, agents' RmdNodeStates in %s, %s to agents",
         ", ".join(SETTINGS.namespaces) or "all namespaces",
@@ -147,6 +160,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    watch: PodWatch | None = memo.get("pod_watch")
+    if watch is not None:
+        await asyncio.to_thread(watch.stop)
+        await asyncio.to_thread(memo.pod_watch_api.close)
     pod_flow: PodFlow | None = memo.get("pod_flow")
     if pod_flow is not None:
         await pod_flow.close()
@@ -225,10 +242,13 @@ async def workload_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_
 # -- the pod flow ----------------------------------------------------------------------------------------
 
 
-@kopf.on.event("v1", "pods", field="spec.nodeName", value=kopf.PRESENT, when=pod_asks_for_cache_ways)
-async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
-    pod_flow: PodFlow = memo.pod_flow
-    pod_flow.pod_changed(type, body)
+if SETTINGS.peering:
+    # kopf pauses its watches while another replica is active; our own pod watch would not know that.
+
+    @kopf.on.event("v1", "pods", when=pod_wanted)
+    async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        pod_flow: PodFlow = memo.pod_flow
+        pod_flow.pod_changed(type, body)
 
 
 # -- the workloads ---------------------------------------------------------------------------------------

@@ -100,6 +100,13 @@ class OperatorSettings:
     watch_timeout_seconds: int = field(
         default=300, metadata={"help": "server-side timeout of each API watch request (then re-watched)"}
     )
+    list_page_size: int = field(
+        default=500,
+        metadata={
+            "help": "objects per page when listing (at start and after a watch falls too far behind), so "
+            "a large cluster's pods never arrive in one piece"
+        },
+    )
     instance: str = field(
         default="",
         metadata={"help": "this replica's name in Events (also read from $POD_NAME); empty: the host name"},
@@ -142,6 +149,8 @@ def _check(s: OperatorSettings) -> None:
         )
     if s.agent_max_calls < 1:
         raise ConfigError(f"setting agent_max_calls: must be at least 1, not {s.agent_max_calls}")
+    if s.list_page_size < 1:
+        raise ConfigError(f"setting list_page_size: must be at least 1, not {s.list_page_size}")
     if s.watch_timeout_seconds <= 0:
         raise ConfigError(f"setting watch_timeout_seconds: must be positive, not {s.watch_timeout_seconds}")
     if not s.node_state_namespace:
