@@ -30,18 +30,18 @@ import asyncio
 import logging
 import socket
 from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import kopf
 
 from rmd_operator.agent_client import AgentClients, close_quietly
 from rmd_operator.errors import ConfigError, RetryLater
+from rmd_operator.events import EventPoster
 from rmd_operator.kube import GROUP, NODE_STATES, VERSION, WORKLOADS, StatusWriter
 from rmd_operator.pod_flow import PodFlow, PodObjectsApi
 from rmd_operator.pod_watch import BOUND, PodWatch, wanted
 from rmd_operator.reconcile import Cluster, Reconciler
 from rmd_operator.settings import OperatorSettings, active
-from rmd_operator.status import EventText
 from rmd_operator.targets import NodeAgent, node_agent
 
 log = logging.getLogger(__name__)
@@ -98,10 +98,6 @@ def _cluster(kwargs: Mapping[str, Any]) -> Cluster:
     return Cluster(_FirstValues(_index(kwargs, "node_labels")), _FirstValues(_index(kwargs, "node_agents")))
 
 
-def _post_event(body: Mapping[str, Any], event: EventText) -> None:
-    kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
-
-
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
     # Annotations, not status: the CRD's structural schema would prune kopf's status fields.
@@ -109,11 +105,7 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
-    settings.posting.enabled = True
-    settings.posting.loggers = False  # only the reconciler's explicit Events, not every log line
-    settings.posting.level = logging.INFO
-    settings.posting.reporting_component = "rmd-operator"
-    settings.posting.reporting_instance = ours.instance or socket.gethostname()
+    settings.posting.enabled = False  # Events are ours (events.py), not kopf's per log line
     settings.watching.server_timeout = ours.watch_timeout_seconds
     settings.watching.client_timeout = ours.watch_timeout_seconds + 10
     settings.watching.connect_timeout = 10
@@ -134,8 +126,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.agent_clients = clients
     memo.status_writer = writer
     memo.pod_objects = pod_objects
-    memo.reconciler = Reconciler(SETTINGS, agents=clients, status_sink=writer, events=_post_event)
-    memo.pod_flow = pod_flow = PodFlow(SETTINGS, agents=clients, objects=pod_objects, events=_post_event)
+    memo.events = events = await EventPoster.create(SETTINGS.instance or socket.gethostname())
+    memo.reconciler = Reconciler(SETTINGS, agents=clients, status_sink=writer, events=events.post)
+    memo.pod_flow = pod_flow = PodFlow(SETTINGS, agents=clients, objects=pod_objects, events=events.post)
     if not SETTINGS.peering:
         watch, memo.pod_watch_api = await PodWatch.on_loop(
             pod_flow.pod_changed,
@@ -171,6 +164,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if reconciler is not None:
         await reconciler.close()
     await close_quietly(memo.get("agent_clients"))
+    events: EventPoster | None = memo.get("events")
+    if events is not None:
+        await events.close()
     writer: StatusWriter | None = memo.get("status_writer")
     if writer is not None:
         await asyncio.to_thread(writer.close)
