@@ -125,6 +125,35 @@ def cpu_line(used: Mapping[str, float], wall: float) -> str:
     )
 
 
+def api_requests(api: Any) -> dict[str, float]:
+    """The API server's own count of the requests it served so far (apiserver_request_total), by
+    "VERB resource[/subresource]", read from its /metrics with the benchmark's admin client."""
+    data = api.call_api("GET", f"{api.configuration.host}/metrics").read()
+    counts: dict[str, float] = {}
+    for line in data.decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels_text, _, value = line[len("apiserver_request_total{") :].rpartition("} ")
+        labels = dict(part.split("=", 1) for part in labels_text.split('",') if "=" in part)
+        labels = {k: v.strip('"') for k, v in labels.items()}
+        key = f"{labels.get('verb')} {labels.get('resource')}"
+        if labels.get("subresource"):
+            key += f"/{labels['subresource']}"
+        counts[key] = counts.get(key, 0.0) + float(value)
+    return counts
+
+
+def writes_line(before: Mapping[str, float], after: Mapping[str, float], per: int, what: str) -> str:
+    """The writes (create, patch, update, delete) the API server served between two api_requests() reads,
+    per `what` (e.g. per workload)."""
+    diff = {k: after[k] - before.get(k, 0.0) for k in after}
+    writes = {
+        k: v for k, v in diff.items() if v > 0 and k.split()[0] in ("POST", "PATCH", "PUT", "DELETE", "APPLY")
+    }
+    parts = ", ".join(f"{k} {v / per:.2f}" for k, v in sorted(writes.items(), key=lambda kv: -kv[1]))
+    return f"API writes per {what}: {sum(writes.values()) / per:.2f} ({parts or 'none'})"
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on (recorded with them in bench/README.md)."""
     model = ""

@@ -42,6 +42,8 @@ from typing import Any
 import grpc
 import kubernetes
 from operator_bench_common import (
+    api_requests,
+    writes_line,
     GROUP,
     VERSION,
     WORKLOADS,
@@ -285,6 +287,7 @@ async def through_operator(cluster: SimCluster, planned: list[Planned], quiet: b
         rss_idle = rss_mib(pid)
         pids = cluster_pids(cluster)
         cpu_before = cpu_snapshot(pids)
+        requests_before = await asyncio.to_thread(api_requests, api)
         progress(quiet, f"creating {len(planned)} RmdWorkloads")
         started = time.monotonic()
         await asyncio.to_thread(create_all, api, planned, NAMESPACE, tracker.created)
@@ -293,6 +296,7 @@ async def through_operator(cluster: SimCluster, planned: list[Planned], quiet: b
         finished = max(tracker.successful.values(), default=started)
         cpu = cpu_used(cpu_before, cpu_snapshot(pids))
         await asyncio.sleep(2)  # let status writes and Events settle before reading memory
+        requests_after = await asyncio.to_thread(api_requests, api)
         rss_loaded = rss_mib(pid)
         held = await held_by_agents(cluster, NAMESPACE)
         violations = {n: node.check_resctrl() for n, node in cluster.nodes.items()}
@@ -317,6 +321,7 @@ async def through_operator(cluster: SimCluster, planned: list[Planned], quiet: b
         "created_to_successful_p50_ms": percentile(latency, 50) * 1000,
         "created_to_successful_p99_ms": percentile(latency, 99) * 1000,
         "cpu_seconds": cpu,
+        "api_writes": writes_line(requests_before, requests_after, len(planned), "workload"),
         "operator_rss_idle_mib": rss_idle,
         "operator_rss_loaded_mib": rss_loaded,
         "held_by_agents": sum(held.values()),
@@ -362,6 +367,7 @@ def report(r: Mapping[str, Any]) -> None:
     )
     for label, phase in (("idle", r["idle"]), ("direct", d), ("API only", a), ("operator", o)):
         print(f"{label} {cpu_line(phase['cpu_seconds'], phase['seconds'])}")
+    print(f"operator phase: {o['api_writes']}")
     print(
         f"agents held {o['held_by_agents']} (per node {o['held_per_node']}), "
         f"{o['held_after_delete']} after the delete; resctrl rule violations: {o['resctrl_violations']}"

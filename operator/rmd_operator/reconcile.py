@@ -24,6 +24,7 @@ finalizer was taken off by hand.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import datetime
 import logging
@@ -99,6 +100,10 @@ class _Memory:
     reconciled_generation: int | None = None
     spec_error: str | None = None
     attached: bool = False
+    # The status this process last wrote: (the object's status it was computed from, the status after the
+    # write). A pass that runs before the watch brought the object back with that write still sees the old
+    # status, and without this would write the same status a second time.
+    written: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None
 
 
 @dataclass
@@ -551,8 +556,16 @@ class Reconciler:
         spec_error: str | None = None,
     ) -> bool:
         """Patch the managed status fields where they differ from the object's; False if the write failed."""
-        namespace, name, _, _ = _meta(body)
+        namespace, name, uid, _ = _meta(body)
         current = body.get("status") or {}
+        mem = self._memories.get(uid)
+        if mem is not None and mem.written is not None:
+            if mem.written[0] == current:
+                current = mem.written[
+                    1
+                ]  # the object as of our last write, which the watch has not brought yet
+            else:
+                mem.written = None  # the watch caught up (or someone else wrote): the object is the truth
         entries = {node: st.entry(o) for node, o in sorted(outcomes.items())}
         desired = st.desired_status(entries, generation, current, self._wallclock(), spec_error)
         patch = st.status_patch(current, desired)
@@ -569,6 +582,11 @@ class Reconciler:
                 extra={"workload": f"{namespace}/{name}", "error": str(exc)},
             )
             return False
+        if mem is not None:
+            mem.written = (
+                copy.deepcopy(dict(body.get("status") or {})),
+                {**copy.deepcopy(dict(current)), **desired},
+            )
         return True
 
     def _event(self, body: Mapping[str, Any], event: st.EventText) -> None:

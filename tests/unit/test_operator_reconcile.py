@@ -336,3 +336,28 @@ async def test_nothing_happens_once_the_object_is_being_deleted(world: Any) -> N
     r = reconciler(world, Sink(obj))
     await r.reconcile(obj, cluster("a"))
     assert agents.calls == []
+
+
+class LaggingSink(Sink):
+    """Records patches without touching the object: the watch has not brought the written status back yet."""
+
+    async def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        self.patches.append(patch)
+        return True
+
+
+async def test_a_pass_before_the_watch_caught_up_does_not_write_the_same_status_again(world: Any) -> None:
+    obj = body(["a"])
+    sink = LaggingSink(obj)
+    r = reconciler(world, sink)
+    await r.reconcile(obj, cluster("a"))
+    await r.reconcile(obj, cluster("a"))  # obj still has no status: the write has not come back
+    assert len(sink.patches) == 1
+    # the write comes back, then somebody else empties the status: it is written again
+    merge(obj.setdefault("status", {}), sink.patches[0]["status"])
+    await r.reconcile(obj, cluster("a"))
+    assert len(sink.patches) == 1
+    obj["status"] = {}
+    await r.reconcile(obj, cluster("a"))
+    assert len(sink.patches) == 2
+    assert sink.patches[1]["status"]["workloadStates"]["a"]["status"] == "Successful"
