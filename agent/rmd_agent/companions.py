@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -27,11 +28,24 @@ log = logging.getLogger(__name__)
 
 
 class NotifyingEngine:
-    """An engine that calls `on_change()` after every apply or remove that changed the node."""
+    """An engine that calls `on_change()` after every apply or remove that changed the node, and gives
+    everyone who asks for the node's summary after the same change one reading of it: the device plugin and
+    the NodeResourceTopology export both ask right after every change, and reading the node (its whole
+    resctrl tree) is the dearest part of their work. A summary is reused for at most `summary_max_age`
+    seconds, so what changes without the agent (another tool's groups) still shows soon."""
 
-    def __init__(self, engine: ManagedEngine, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self, engine: ManagedEngine, on_change: Callable[[], None], *, summary_max_age: float = 1.0
+    ) -> None:
         self.inner = engine
         self.on_change = on_change
+        self.summary_max_age = summary_max_age
+        self._changes = 0
+        self._summary: tuple[int, float, asyncio.Future[NodeSummary]] | None = None
+
+    def _changed(self) -> None:
+        self._changes += 1
+        self.on_change()
 
     async def start(self) -> None:
         await self.inner.start()
@@ -42,20 +56,29 @@ class NotifyingEngine:
     async def apply(self, workload: Workload) -> tuple[AppliedWorkload, bool]:
         applied, changed = await self.inner.apply(workload)
         if changed:
-            self.on_change()
+            self._changed()
         return applied, changed
 
     async def remove(self, namespace: str, name: str, uid: str = "") -> bool:
         found = await self.inner.remove(namespace, name, uid)
         if found:
-            self.on_change()
+            self._changed()
         return found
 
     async def list(self) -> list[AppliedWorkload]:
         return await self.inner.list()
 
     async def node(self) -> NodeSummary:
-        return await self.inner.node()
+        now = time.monotonic()
+        cached = self._summary
+        if cached is None or cached[0] != self._changes or now - cached[1] > self.summary_max_age:
+            cached = self._summary = (self._changes, now, asyncio.ensure_future(self.inner.node()))
+        try:
+            return await asyncio.shield(cached[2])  # one caller's cancellation is not the others'
+        except Exception:
+            if self._summary is cached:
+                self._summary = None  # a failed reading is not kept
+            raise
 
     async def container_cpus(self, namespace: str, pod: str, uid: str, container: str) -> ContainerCpus:
         return await self.inner.container_cpus(namespace, pod, uid, container)

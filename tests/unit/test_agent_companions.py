@@ -1,0 +1,78 @@
+"""NotifyingEngine (companions.py): change notifications, and one node summary per change for its callers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from rmd_agent.companions import NotifyingEngine
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.readings = 0
+        self.fail = False
+        self.gate: asyncio.Event | None = None
+
+    async def apply(self, workload: Any) -> tuple[str, bool]:
+        return "applied", workload == "new"
+
+    async def remove(self, namespace: str, name: str, uid: str = "") -> bool:
+        return name == "held"
+
+    async def node(self) -> str:
+        self.readings += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise OSError("resctrl unreadable")
+        return f"summary {self.readings}"
+
+
+def make(max_age: float = 60.0) -> tuple[NotifyingEngine, FakeEngine, list[int]]:
+    inner, notified = FakeEngine(), []
+    engine = NotifyingEngine(inner, lambda: notified.append(1), summary_max_age=max_age)  # type: ignore[arg-type]
+    return engine, inner, notified
+
+
+@pytest.mark.asyncio
+async def test_changes_notify_and_unchanged_calls_do_not() -> None:
+    engine, _, notified = make()
+    await engine.apply("same")  # type: ignore[arg-type]
+    await engine.remove("ns", "absent")
+    assert notified == []
+    await engine.apply("new")  # type: ignore[arg-type]
+    await engine.remove("ns", "held")
+    assert notified == [1, 1]
+
+
+@pytest.mark.asyncio
+async def test_one_reading_per_change_shared_by_concurrent_and_later_callers() -> None:
+    engine, inner, _ = make()
+    inner.gate = asyncio.Event()
+    both = asyncio.gather(engine.node(), engine.node())
+    await asyncio.sleep(0)
+    inner.gate.set()
+    assert await both == ["summary 1", "summary 1"]
+    assert await engine.node() == "summary 1" and inner.readings == 1
+    await engine.apply("new")  # type: ignore[arg-type]
+    assert await engine.node() == "summary 2"
+    await engine.apply("same")  # type: ignore[arg-type]
+    assert await engine.node() == "summary 2" and inner.readings == 2
+
+
+@pytest.mark.asyncio
+async def test_a_summary_expires_and_a_failed_reading_is_not_kept() -> None:
+    engine, inner, _ = make(max_age=0.0)
+    assert await engine.node() == "summary 1"
+    await asyncio.sleep(0.01)
+    assert await engine.node() == "summary 2"
+    engine.summary_max_age = 60.0
+    await engine.apply("new")  # type: ignore[arg-type]
+    inner.fail = True
+    with pytest.raises(OSError):
+        await engine.node()
+    inner.fail = False
+    assert await engine.node() == "summary 4"
