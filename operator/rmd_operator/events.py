@@ -2,7 +2,8 @@
 
 kopf.event() only works inside kopf's own handler context; the pod flow runs from our pod watch
 (pod_watch.py), outside it, so both the reconciler and the pod flow post through this one poster instead: a
-queue and one task that creates the Events through the `kubernetes` client in a worker thread. An Event that
+queue and a few tasks that create the Events through the `kubernetes` client in worker threads (each Event
+carries the time it was posted, so `kubectl get events` shows them in order). An Event that
 cannot be written (its namespace is being deleted, the API server refuses it) is logged and dropped after a
 few tries: Events are information, never worth holding anything up.
 """
@@ -29,6 +30,7 @@ COMPONENT = "rmd-operator"
 MESSAGE_LIMIT = 1024  # the API server's cap on an Event's message
 _TRIES = (0.5, 1.0, 2.0)  # pauses between tries after connection trouble or a server error
 _REQUEST_TIMEOUT_SECONDS = 30.0
+_SENDERS = 4  # Events in flight at once: a burst of changes must not leave its Events a minute behind
 
 
 def event_body(
@@ -64,7 +66,8 @@ class EventPoster:
         self._core = core  # a kubernetes.client.CoreV1Api
         self._instance = instance
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="event poster")
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run(), name=f"event poster {i}") for i in range(_SENDERS)]
 
     @classmethod
     async def create(cls, instance: str) -> EventPoster:
@@ -79,8 +82,9 @@ class EventPoster:
         """Post what is queued (bounded by the tries), then stop."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._queue.join(), timeout=5.0)
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.to_thread(self._core.api_client.close)
 
     async def _run(self) -> None:

@@ -4,6 +4,8 @@ trouble, and refusals dropped. The real API server sees these Events in the e2e 
 from __future__ import annotations
 
 import datetime
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -64,6 +66,7 @@ async def test_events_are_posted_in_order_server_trouble_retried_refusals_droppe
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(events_module, "_TRIES", (0.0, 0.0))
+    monkeypatch.setattr(events_module, "_SENDERS", 1)  # one sender: the order of the calls is the queue's
     core = FakeCore([500, None, 403, 503, 503, 503])
     poster = EventPoster(core, "op-1")
     for reason in ("First", "Refused", "NeverThrough", "Last"):
@@ -72,3 +75,28 @@ async def test_events_are_posted_in_order_server_trouble_retried_refusals_droppe
     # First: 500 then through; Refused: 403, dropped at once; NeverThrough: 3 server errors = all tries spent
     assert core.created == [("ns", "First"), ("ns", "Last")]
     assert core.calls == 2 + 1 + 3 + 1
+
+
+@pytest.mark.asyncio
+async def test_several_events_are_in_flight_at_once() -> None:
+    class SlowCore(FakeCore):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.active = self.most = 0
+            self.lock = threading.Lock()
+
+        def create_namespaced_event(self, namespace: str, body: dict[str, Any], **kwargs: Any) -> None:
+            with self.lock:
+                self.active += 1
+                self.most = max(self.most, self.active)
+            time.sleep(0.05)
+            with self.lock:
+                self.active -= 1
+            super().create_namespaced_event(namespace, body, **kwargs)
+
+    core = SlowCore()
+    poster = EventPoster(core, "op-1")
+    for i in range(8):
+        poster.post(POD, EventText("Normal", f"R{i}", "m"))
+    await poster.close()
+    assert len(core.created) == 8 and core.most == events_module._SENDERS > 1
