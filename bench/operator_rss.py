@@ -1,15 +1,16 @@
 """Benchmark: the operator's memory with 5,000 unrelated pods in the cluster.
 
 The cluster is rmd_sim.cluster.SimCluster (real control plane, simulated nodes with real agents, the real
-`rmd-operator run --standalone`, which watches every pod of the cluster for the pod flow). The unrelated pods
-ask for no cache ways; they are bound to a node name that has no kubelet and no Node object
-(`bench-ghost-node`), so nothing runs them and the scheduler leaves them alone, but the operator's pod watch
-sees every one of them. Memory is the operator process's resident set (VmRSS from /proc; VmHWM for the peak).
+`rmd-operator run --standalone`, whose pod watch sees every pod bound to a node, in pages, and keeps only
+those asking for cache ways). The unrelated pods ask for no cache ways; they are bound to a node name that has
+no kubelet and no Node object (`bench-ghost-node`), so nothing runs them and the scheduler leaves them alone,
+but the operator's pod watch receives and parses every one of them. Memory is the operator process's resident set (VmRSS from /proc; VmHWM for the peak).
 
     idle       the operator after start, no pods at all -- the baseline
     watched    the 5,000 created while it runs (8 clients); read once it has seen them all, then for a few
                seconds more
-    restarted  the operator restarted with the 5,000 present: its first list of pods holds all of them
+    restarted  the operator restarted with the 5,000 present: its first list of pods holds all of them (in
+               pages of list_page_size)
     deleted    the 5,000 deleted (the restarted operator sees 5,000 deletions)
 
 "Has seen them all": after the unrelated pods, a pod asking for cache ways is created on a real node; once
