@@ -4,7 +4,8 @@ The cluster is rmd_sim.cluster.SimCluster (real control plane, simulated nodes w
 `rmd-operator run --standalone`, whose pod watch sees every pod bound to a node, in pages, and keeps only
 those asking for cache ways). The unrelated pods ask for no cache ways; they are bound to a node name that has
 no kubelet and no Node object (`bench-ghost-node`), so nothing runs them and the scheduler leaves them alone,
-but the operator's pod watch receives and parses every one of them. Memory is the operator process's resident set (VmRSS from /proc; VmHWM for the peak).
+but the operator's pod watch receives and parses every one of them. Memory is the operator process's
+resident set (VmRSS from /proc; VmHWM for the peak).
 
     idle       the operator after start, no pods at all -- the baseline
     watched    the 5,000 created while it runs (8 clients); read once it has seen them all, then for a few

@@ -42,13 +42,12 @@ from typing import Any
 import grpc
 import kubernetes
 from operator_bench_common import (
-    api_requests,
-    writes_line,
     GROUP,
     VERSION,
     WORKLOADS,
     Obj,
     WatchThread,
+    api_requests,
     bench_cluster,
     cluster_pids,
     cpu_line,
@@ -64,6 +63,7 @@ from operator_bench_common import (
     run_main,
     target_line,
     wait_event,
+    writes_line,
 )
 
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
