@@ -65,6 +65,24 @@ class AgentSettings:
         default=Path("/etc/rmd-agent/tls/ca.crt"),
         metadata={"help": "PEM CA bundle that client certificates must chain to"},
     )
+    tls_csr: bool = field(
+        default=False,
+        metadata={
+            "help": "obtain and renew tls_cert/tls_key through the Kubernetes CSR API (signer "
+            "intel.com/rmd-agent-serving, signed by the operator) instead of reading given files"
+        },
+    )
+    tls_server_name: str = field(
+        default="rmd-agent.{node}",
+        metadata={
+            "help": "with tls_csr: the DNS name to ask for ({node} is this node's name); must match the "
+            "operator's agent_server_name"
+        },
+    )
+    tls_csr_expiration_seconds: int = field(
+        default=7 * 24 * 3600,
+        metadata={"help": "with tls_csr: the certificate lifetime asked for (renewed at two thirds)"},
+    )
     allowed_clients: tuple[str, ...] = field(
         default=("rmd-operator",),
         metadata={

@@ -34,7 +34,10 @@ from typing import Any, TypeVar
 
 import kopf
 
+from rmd_api.agent_certs import SIGNER_NAME
+from rmd_operator.agent_certs import needs_action
 from rmd_operator.agent_client import AgentClients, close_quietly
+from rmd_operator.csr_signer import AgentCertificateSigner
 from rmd_operator.errors import ConfigError, RetryLater
 from rmd_operator.events import EventPoster
 from rmd_operator.kube import GROUP, NODE_STATES, VERSION, WORKLOADS, StatusWriter
@@ -51,6 +54,7 @@ SETTINGS = active()
 
 FINALIZER = "intel.com/rmd-operator"
 ANNOTATION_PREFIX = "rmd-operator.intel.com"
+CSR_GROUP = "certificates.k8s.io"
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
@@ -122,6 +126,9 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.watching.connect_timeout = 10
     settings.watching.chunk_size = ours.list_page_size
     settings.watching.field_selectors["v1", "pods"] = BOUND  # (kopf watches pods only with peering)
+    settings.watching.field_selectors[CSR_GROUP, "certificatesigningrequests"] = (
+        f"spec.signerName={SIGNER_NAME}"
+    )
     logging.getLogger("rmd_operator").setLevel(ours.log_level.upper())
 
 
@@ -138,6 +145,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.status_writer = writer
     memo.pod_objects = pod_objects
     memo.events = events = await EventPoster.create(SETTINGS.instance or socket.gethostname())
+    if SETTINGS.agent_signer_ca_cert:
+        try:
+            memo.agent_signer = await AgentCertificateSigner.create(SETTINGS)
+        except ConfigError as exc:  # an unreadable CA: retrying will not help
+            raise kopf.PermanentError(str(exc)) from None
     memo.reconciler = Reconciler(SETTINGS, agents=clients, status_sink=writer, events=events.post)
     memo.pod_flow = pod_flow = PodFlow(SETTINGS, agents=clients, objects=pod_objects, events=events.post)
     if not SETTINGS.peering:
@@ -175,6 +187,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if reconciler is not None:
         await reconciler.close()
     await close_quietly(memo.get("agent_clients"))
+    signer: AgentCertificateSigner | None = memo.get("agent_signer")
+    if signer is not None:
+        await asyncio.to_thread(signer.close)
     events: EventPoster | None = memo.get("events")
     if events is not None:
         await events.close()
@@ -256,6 +271,21 @@ if SETTINGS.peering:
     async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
         pod_flow: PodFlow = memo.pod_flow
         pod_flow.pod_changed(type, body)
+
+
+# -- the agents' serving certificates (only with a signer CA) ----------------------------------------------
+
+
+def csr_needs_action(body: kopf.Body, **_: Any) -> bool:
+    return needs_action(body)
+
+
+if SETTINGS.agent_signer_ca_cert:
+
+    @kopf.on.event(CSR_GROUP, "v1", "certificatesigningrequests", when=csr_needs_action)
+    async def agent_certificate(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        signer: AgentCertificateSigner = memo.agent_signer
+        await signer.handle(body)
 
 
 # -- the workloads ---------------------------------------------------------------------------------------

@@ -57,6 +57,24 @@ class OperatorSettings:
         default="rmd-agent.{node}",
         metadata={"help": "name an agent's certificate must carry (DNS SAN); {node} is the node's name"},
     )
+    agent_signer_ca_cert: str = field(
+        default="",
+        metadata={
+            "help": "PEM CA certificate that signs the agents' serving certificates requested through the "
+            "CSR API (signer intel.com/rmd-agent-serving); empty: no signer (agents use given files)"
+        },
+    )
+    agent_signer_ca_key: str = field(default="", metadata={"help": "PEM private key of agent_signer_ca_cert"})
+    agent_service_account: str = field(
+        default="rmd-agent",
+        metadata={
+            "help": "the agents' ServiceAccount (in node_state_namespace): the only requester whose agent "
+            "certificate requests are signed"
+        },
+    )
+    agent_cert_max_seconds: int = field(
+        default=30 * 24 * 3600, metadata={"help": "longest lifetime of a signed agent certificate"}
+    )
     insecure_agents: bool = field(
         default=False,
         metadata={"help": "talk to agents in plaintext without TLS or identity checks (warns; development)"},
@@ -121,6 +139,10 @@ class OperatorSettings:
         },
     )
 
+    def agent_user(self) -> str:
+        """The user name of the agents' ServiceAccount as the API server reports it."""
+        return f"system:serviceaccount:{self.node_state_namespace}:{self.agent_service_account}"
+
     def server_name(self, node: str) -> str:
         """The identity the agent on `node` must prove (its certificate's DNS SAN)."""
         return self.agent_server_name.replace(NODE_PLACEHOLDER, node)
@@ -149,6 +171,10 @@ def _check(s: OperatorSettings) -> None:
         )
     if s.agent_max_calls < 1:
         raise ConfigError(f"setting agent_max_calls: must be at least 1, not {s.agent_max_calls}")
+    if bool(s.agent_signer_ca_cert) != bool(s.agent_signer_ca_key):
+        raise ConfigError("settings agent_signer_ca_cert and agent_signer_ca_key: give both or neither")
+    if s.agent_cert_max_seconds < 600:
+        raise ConfigError(f"setting agent_cert_max_seconds: at least 600, not {s.agent_cert_max_seconds}")
     if s.list_page_size < 1:
         raise ConfigError(f"setting list_page_size: must be at least 1, not {s.list_page_size}")
     if s.watch_timeout_seconds <= 0:

@@ -81,6 +81,11 @@ class CertificateAuthority:
     def cert_pem(self) -> bytes:
         return self._cert.public_bytes(serialization.Encoding.PEM)
 
+    @property
+    def key_pem(self) -> bytes:
+        """The CA's private key, for a signer under test (the operator's agent certificate signer)."""
+        return _key_pem(self._key)
+
     def issue_server(
         self, common_name: str, *, dns_names: Iterable[str], ip_addresses: Iterable[str]
     ) -> KeyPair:

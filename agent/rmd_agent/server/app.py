@@ -26,12 +26,15 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from rmd_agent.engine_api import ManagedEngine
 from rmd_agent.errors import ConfigError
+from rmd_agent.kube import create_api_client
 from rmd_agent.server.grpc_service import AgentInterceptor, AgentService
 from rmd_agent.server.http_endpoints import HealthHttpServer, split_host_port
 from rmd_agent.server.metrics import GrpcMetrics
+from rmd_agent.server.serving_cert import ServingCertificate
 from rmd_agent.server.tls import server_credentials
 from rmd_agent.settings import AgentSettings
 from rmd_api.agent.v1 import agent_pb2
+from rmd_api.agent_certs import MIN_EXPIRATION_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,7 @@ def check_serve_settings(settings: AgentSettings) -> grpc.ServerCredentials | No
         )
     if settings.shutdown_grace_seconds < 0:
         raise ConfigError(f"shutdown_grace_seconds cannot be negative ({settings.shutdown_grace_seconds})")
-    if settings.insecure:
+    if settings.insecure or settings.tls_csr:  # with tls_csr the files come once the certificate is issued
         return None
     return server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
 
@@ -109,6 +112,28 @@ class AgentServer:
         self._engine_started = False
         self._stopping = False
         self._health_task: asyncio.Task[None] | None = None
+        self._certificate: ServingCertificate | None = None
+        self._renewal: asyncio.Task[None] | None = None
+
+    def _serving_certificate(self) -> ServingCertificate:
+        settings = self.settings
+        if self._certificate is None:
+            if not settings.node_name:
+                raise ConfigError("tls_csr needs node_name (or $NODE_NAME): the certificate names the node")
+            if settings.tls_csr_expiration_seconds < MIN_EXPIRATION_SECONDS:
+                raise ConfigError(
+                    f"setting tls_csr_expiration_seconds: at least {MIN_EXPIRATION_SECONDS}, not "
+                    f"{settings.tls_csr_expiration_seconds}"
+                )
+            self._certificate = ServingCertificate(
+                create_api_client(settings),
+                node=settings.node_name,
+                name=settings.tls_server_name.replace("{node}", settings.node_name),
+                cert_path=settings.tls_cert,
+                key_path=settings.tls_key,
+                expiration_seconds=settings.tls_csr_expiration_seconds,
+            )
+        return self._certificate
 
     async def ready(self) -> tuple[bool, str]:
         if self._stopping:
@@ -121,6 +146,9 @@ class AgentServer:
         """Bring everything up; on failure, whatever started is stopped again and the error raised."""
         settings = self.settings
         credentials = check_serve_settings(settings)
+        if settings.tls_csr and not settings.insecure:
+            await self._serving_certificate().ensure()
+            credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
         # grpc only releases a bound port once its server has started, so the gRPC port is bound after the
         # engine starts, and checked here to fail before touching the node.
         check_port_free(settings.grpc_listen, "gRPC")
@@ -135,6 +163,9 @@ class AgentServer:
             await self.stop()
             raise
         self._health_task = asyncio.create_task(self._watch_health(), name="grpc-health")
+        if self._certificate is not None:
+            renewal = self._certificate.renew_forever(asyncio.Event())
+            self._renewal = asyncio.create_task(renewal, name="tls-renewal")
         log.info(
             "serving gRPC on %s (port %d, %s) and HTTP on %s (port %d)",
             settings.grpc_listen,
@@ -185,6 +216,11 @@ class AgentServer:
     async def stop(self) -> None:
         """NOT_SERVING, drain gRPC calls within the grace period, close the engine, then HTTP. Idempotent."""
         self._stopping = True
+        if self._renewal is not None:  # (it may be waiting for a signature: cancel, do not wait)
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
+            self._renewal = None
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
