@@ -662,3 +662,33 @@ async def test_an_engine_that_cannot_start_leaves_nothing_listening(pki: Pki) ->
         with pytest.raises(OSError):
             await asyncio.open_connection("127.0.0.1", port)
     assert not engine.closed  # never started, so nothing to close
+
+
+async def test_new_tls_files_are_served_without_a_restart(
+    pki: Pki, engine: FakeEngine, tmp_path: Path
+) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(pki.server.cert_pem)
+    key.write_bytes(pki.server.key_pem)
+    agent = AgentServer(pki.settings(tls_cert=cert, tls_key=key), engine)
+    await agent.start()
+    renewed_ca = CertificateAuthority("rmd-agent-renewed-ca")
+    renewed = renewed_ca.issue_server("rmd-agent", dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+
+    async def list_trusting(ca_pem: bytes) -> None:
+        op = pki.operator
+        credentials = grpc.ssl_channel_credentials(ca_pem, op.key_pem, op.cert_pem)
+        async with grpc.aio.secure_channel(f"localhost:{agent.grpc_port}", credentials) as channel:
+            await _agent_stub(channel).ListWorkloads(agent_pb2.ListWorkloadsRequest(), timeout=TIMEOUT)
+
+    try:
+        await list_trusting(pki.ca.cert_pem)
+        key.write_bytes(b"half written")  # a renewal caught half way: the old files stay in use
+        await list_trusting(pki.ca.cert_pem)
+        key.write_bytes(renewed.key_pem)
+        cert.write_bytes(renewed.cert_pem)
+        await list_trusting(renewed_ca.cert_pem)  # a new connection gets the new certificate
+        with pytest.raises(grpc.aio.AioRpcError):
+            await list_trusting(pki.ca.cert_pem)
+    finally:
+        await agent.stop()
