@@ -153,14 +153,20 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.reconciler = Reconciler(SETTINGS, agents=clients, status_sink=writer, events=events.post)
     memo.pod_flow = pod_flow = PodFlow(SETTINGS, agents=clients, objects=pod_objects, events=events.post)
     if not SETTINGS.peering:
-        watch, memo.pod_watch_api = await PodWatch.on_loop(
-            pod_flow.pod_changed,
-            namespaces=SETTINGS.namespaces,
-            page_size=SETTINGS.list_page_size,
-            timeout_seconds=SETTINGS.watch_timeout_seconds,
-        )
-        watch.start()
-        memo.pod_watch = watch
+        # One watch per handled namespace (the RBAC may allow pods there only), else one for all.
+        memo.pod_watch_api = api = await PodWatch.api_client()
+        memo.pod_watches = [
+            PodWatch.on_loop(
+                pod_flow.pod_changed,
+                api,
+                namespace=namespace,
+                page_size=SETTINGS.list_page_size,
+                timeout_seconds=SETTINGS.watch_timeout_seconds,
+            )
+            for namespace in SETTINGS.namespaces or (None,)
+        ]
+        for watch in memo.pod_watches:
+            watch.start()
     log.info(
         "rmd-operator started: workloads in %s, agents' RmdNodeStates in %s, %s to agents",
         ", ".join(SETTINGS.namespaces) or "all namespaces",
@@ -176,9 +182,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    watch: PodWatch | None = memo.get("pod_watch")
-    if watch is not None:
+    watches: list[PodWatch] = memo.get("pod_watches") or []
+    for watch in watches:
         await asyncio.to_thread(watch.stop)
+    if watches:
         await asyncio.to_thread(memo.pod_watch_api.close)
     pod_flow: PodFlow | None = memo.get("pod_flow")
     if pod_flow is not None:

@@ -4,9 +4,10 @@ kopf lists and watches a resource whole and filters on the client; for each obje
 for the life of the object (a few KiB each), and its first list used to arrive in one piece. With 5,000
 ordinary pods in a cluster that cost the operator over 100 MiB (bench/operator_rss.py). This watch:
 
-* lists pods bound to a node (the server-side field selector `spec.nodeName!=`) in pages of `page_size`,
-  and watches from the list's resourceVersion with bookmarks, resuming where it stopped after a timeout or
-  a dropped connection and listing again only when the server says the version is too old (410 Gone);
+* lists pods bound to a node (the server-side field selector `spec.nodeName!=`), in one namespace or in all,
+  in pages of `page_size`, and watches from the list's resourceVersion with bookmarks, resuming where it
+  stopped after a timeout or a dropped connection and listing again only when the server says the version
+  is too old (410 Gone);
 * parses one page or one event at a time and keeps only the uids of the pods it delivered (`wanted`: in a
   handled namespace and asking for cache ways): nothing of any other pod outlives its parse;
 * after listing again, delivers a DELETED for each delivered pod the new list no longer has, so a deletion
@@ -74,13 +75,14 @@ class PodWatch:
         core: Any,
         deliver: Deliver,
         *,
-        namespaces: tuple[str, ...] = (),
+        namespace: str | None = None,
         page_size: int = 500,
         timeout_seconds: int = 300,
     ) -> None:
         self._core = core  # a kubernetes.client.CoreV1Api
         self._deliver = deliver
-        self._namespaces = namespaces
+        self._namespace = namespace  # None: every namespace (then the RBAC must allow it cluster-wide)
+        self._namespaces = (namespace,) if namespace else ()
         self._page_size = page_size
         self._timeout = timeout_seconds
         self._delivered: set[str] = set()  # uids of the pods delivered and not yet deleted
@@ -90,17 +92,20 @@ class PodWatch:
         self.lists = 0  # how many times the pods were listed (the first and each relist)
 
     @classmethod
-    async def on_loop(
-        cls, handler: Callable[[str | None, Obj], None], **kwargs: Any
-    ) -> tuple[PodWatch, client.ApiClient]:
-        """A watch whose deliveries run `handler` on the running event loop, with its own API client."""
+    def on_loop(
+        cls, handler: Callable[[str | None, Obj], None], api: client.ApiClient, **kwargs: Any
+    ) -> PodWatch:
+        """A watch whose deliveries run `handler` on the running event loop."""
         loop = asyncio.get_running_loop()
-        api = client.ApiClient(configuration=await asyncio.to_thread(load_configuration))
 
         def deliver(event_type: str | None, pod: Obj) -> None:
             loop.call_soon_threadsafe(handler, event_type, pod)
 
-        return cls(client.CoreV1Api(api), deliver, **kwargs), api
+        return cls(client.CoreV1Api(api), deliver, **kwargs)
+
+    @staticmethod
+    async def api_client() -> client.ApiClient:
+        return client.ApiClient(configuration=await asyncio.to_thread(load_configuration))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="pod-watch", daemon=True)
@@ -137,6 +142,11 @@ class PodWatch:
                 self._stopped.wait(pause)
                 pause = min(pause * 2, _RETRY_SECONDS[1])
 
+    def _list_call(self, **kwargs: Any) -> Any:
+        if self._namespace:
+            return self._core.list_namespaced_pod(self._namespace, **kwargs)
+        return self._core.list_pod_for_all_namespaces(**kwargs)
+
     def _list(self) -> str:
         """List the bound pods page by page, delivering the wanted ones; the list's resourceVersion."""
         seen: set[str] = set()
@@ -147,7 +157,7 @@ class PodWatch:
             if token:
                 kwargs["_continue"] = token
             try:
-                response = self._core.list_pod_for_all_namespaces(
+                response = self._list_call(
                     _preload_content=False, _request_timeout=_LIST_TIMEOUT_SECONDS, **kwargs
                 )
             except ApiException as exc:
@@ -175,7 +185,7 @@ class PodWatch:
 
     def _watch(self, version: str) -> str:
         """Watch from `version` until the server ends the request; the version to resume from."""
-        response = self._core.list_pod_for_all_namespaces(
+        response = self._list_call(
             watch=True,
             field_selector=BOUND,
             resource_version=version,

@@ -57,6 +57,9 @@ class FakeCore:
         self.calls: list[Obj] = []
         self._listing: list[Obj] = []
 
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Response:
+        return self.list_pod_for_all_namespaces(namespace=namespace, **kwargs)
+
     def list_pod_for_all_namespaces(self, **kwargs: Any) -> Response:
         self.calls.append(kwargs)
         if kwargs.get("watch"):
@@ -205,3 +208,13 @@ def test_an_expired_continue_token_starts_the_list_over() -> None:
     # b came in the broken list's first page and is gone from the complete one: the flow hears it went
     assert got == [(None, "a"), (None, "b"), (None, "a"), ("DELETED", "b")]
     assert watch.lists == 1
+
+
+def test_a_namespaced_watch_lists_and_watches_that_namespace_only() -> None:
+    core = FakeCore(
+        [[pod("a", namespace="x"), pod("b", namespace="y")]], [[event("ADDED", pod("c", namespace="x"))]]
+    )
+    watch, got = make(core, namespace="x")
+    watch._watch(watch._list())
+    assert got == [(None, "a"), ("ADDED", "c")]  # (a server would not send b; the filter holds anyway)
+    assert [c.get("namespace") for c in core.calls] == ["x", "x"]
