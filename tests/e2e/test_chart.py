@@ -305,6 +305,9 @@ def test_default_rbac_is_least_privilege(helm: Helm) -> None:
         ("topology.node.k8s.io", "noderesourcetopologies", "get"),
         ("topology.node.k8s.io", "noderesourcetopologies", "create"),
         ("topology.node.k8s.io", "noderesourcetopologies", "update"),
+        # its own serving certificate (tls.agentCertificates: csr): ask and read the answer, not approve
+        ("certificates.k8s.io", "certificatesigningrequests", "create"),
+        ("certificates.k8s.io", "certificatesigningrequests", "get"),
     }
     operator_rules = rules_of(find(docs, "ClusterRole", "rel-rmd-rmd-operator-workloads"))
     operator_rules |= rules_of(find(docs, "ClusterRole", "rel-rmd-rmd-operator-cluster"))
@@ -317,7 +320,19 @@ def test_default_rbac_is_least_privilege(helm: Helm) -> None:
         ("intel.com", "rmdworkloads/status"),
         ("", "events"),
         ("", "pods"),  # delete_failed_pods
+        ("certificates.k8s.io", "certificatesigningrequests/approval"),  # the agents' certificates
+        ("certificates.k8s.io", "certificatesigningrequests/status"),
     }
+    cluster_rules = find(docs, "ClusterRole", "rel-rmd-rmd-operator-cluster")["rules"]
+    signer_rules = [r for r in cluster_rules if "signers" in r["resources"]]
+    assert signer_rules == [
+        {
+            "apiGroups": ["certificates.k8s.io"],
+            "resources": ["signers"],
+            "resourceNames": ["intel.com/rmd-agent-serving"],  # this signer only
+            "verbs": ["approve", "sign"],
+        }
+    ]
     binding = find(docs, "ClusterRoleBinding", "rel-rmd-rmd-operator-workloads")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-rmd-operator", "namespace": "rmd"}]
 
@@ -446,10 +461,14 @@ def test_settings_the_programs_load_from_the_rendered_pods(
     assert settings.node_state_namespace == "ops"
     grpc_port = next(p["containerPort"] for p in container(agent)["ports"] if p["name"] == "grpc")
     assert settings.grpc_listen.endswith(f":{grpc_port}")
-    # Every file the agent opens is mounted where it looks for it.
-    for path in (settings.tls_cert, settings.tls_key, settings.tls_client_ca):
-        mounted_file(docs, agent, str(path))
+    # Every file the agent opens is mounted where it looks for it; with tls.agentCertificates: csr it writes
+    # its own key and certificate in its state directory (kept across restarts) and asks for its node's name.
+    assert settings.tls_csr
+    mounted_file(docs, agent, str(settings.tls_client_ca))
     host = host_mounts(agent)
+    for path in (settings.tls_cert, settings.tls_key):
+        under = [p for p in host if str(path).startswith(p + "/")]
+        assert under and host[max(under, key=len)][0] is False, path  # writable
     for relative, writable in (
         (settings.kubelet_config, False),
         (settings.pod_resources_socket, False),
@@ -475,11 +494,15 @@ def test_settings_the_programs_load_from_the_rendered_pods(
         mounted_file(docs, operator, str(path))
     liveness = next(p["containerPort"] for p in container(operator)["ports"] if p["name"] == "liveness")
     assert op.liveness_listen.endswith(f":{liveness}")
-    # The name the operator expects from node N's agent is one the agents' certificate carries.
-    agent_cert = x509.load_pem_x509_certificate(file_text(docs, agent, str(settings.tls_cert)).encode())
-    sans = agent_cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    (wildcard,) = sans.get_values_for_type(x509.DNSName)
-    assert wildcard.startswith("*.") and op.server_name("worker-node-1") == "worker-node-1" + wildcard[1:]
+    # The name the operator expects from node N's agent is the one that agent asks for; the operator signs
+    # for the agents' ServiceAccount only, with the CA mounted from its Secret.
+    assert settings.tls_server_name == op.agent_server_name
+    agent_sa = agent["spec"]["template"]["spec"]["serviceAccountName"]
+    assert op.agent_user() == f"system:serviceaccount:ops:{agent_sa}"
+    for path in (op.agent_signer_ca_cert, op.agent_signer_ca_key):
+        key, volume = mounted_file(docs, operator, path)
+        ca_secret = find(docs, "Secret", volume["secret"]["secretName"])  # the chart's RMD CA
+        assert ca_secret["metadata"]["name"].endswith("-ca") and key in ca_secret["data"]
     operator_cert = x509.load_pem_x509_certificate(file_text(docs, operator, str(op.client_cert)).encode())
     operator_sans = operator_cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert set(operator_sans.get_values_for_type(x509.DNSName)) <= set(settings.allowed_clients)
@@ -543,9 +566,12 @@ def test_rendered_certificates_authenticate_operator_and_agent(helm: Helm, tmp_p
     """The agent serves with its rendered certificate and requires a client certificate from the bundle
     (rmd_agent.server.tls); the operator dials with its rendered certificate and the name its settings
     expect for the node. The wildcard covers node names without dots only: the interim's documented limit."""
-    docs = helm.template("rel", "ops")
+    shared = ("--set", "tls.agentCertificates=shared")
+    docs = helm.template("rel", "ops", *shared)
     pki = _write_pki(docs, tmp_path / "pki")
-    other = _write_pki(helm.template("rel", "ops"), tmp_path / "other")  # another install: another CA
+    other = _write_pki(
+        helm.template("rel", "ops", *shared), tmp_path / "other"
+    )  # another install: another CA
     env = pod_environment(find(docs, "Deployment"), {"metadata.namespace": "ops", "metadata.name": "op"})
     op = load_operator_settings({}, {k: v for k, v in env.items() if k != "RMD_OPERATOR_CONFIG"})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -878,7 +904,19 @@ def test_rbac_gives_each_identity_what_it_needs_and_nothing_else(
         (agent, "list", "pods", "", "", False),
         (agent, "patch", "nodes", "", "", False),
         (agent, "delete", "noderesourcetopologies", "", nrt_group, False),
-        (agent, "create", "certificatesigningrequests", "", "certificates.k8s.io", False),
+        (
+            agent,
+            "create",
+            "certificatesigningrequests",
+            "",
+            "certificates.k8s.io",
+            True,
+        ),  # its own certificate
+        (agent, "patch", "certificatesigningrequests/approval", "", "certificates.k8s.io", False),
+        (agent, "patch", "certificatesigningrequests/status", "", "certificates.k8s.io", False),
+        (operator, "watch", "certificatesigningrequests", "", "certificates.k8s.io", True),
+        (operator, "patch", "certificatesigningrequests/approval", "", "certificates.k8s.io", True),
+        (operator, "create", "certificatesigningrequests", "", "certificates.k8s.io", False),
         # the operator: RmdWorkloads everywhere (no watchNamespaces), agents' states read-only
         (operator, "watch", "rmdworkloads", "", intel, True),
         (operator, "patch", "rmdworkloads/status", "team-a", intel, True),
@@ -942,7 +980,9 @@ def test_install_and_upgrade_keep_the_ca_and_reissue_on_request(
 ) -> None:
     kubeconfig = control_plane.kubeconfig
     release = "inst"
-    helm.run("install", release, str(CHART), "--namespace", namespace, kubeconfig=kubeconfig)
+    # The shared agent certificate (tls.agentCertificates: shared) is the one the chart issues and keeps.
+    shared = ("--set", "tls.agentCertificates=shared")
+    helm.run("install", release, str(CHART), "--namespace", namespace, *shared, kubeconfig=kubeconfig)
     try:
         ca = _secret_data(control_plane, namespace, "inst-rmd-ca")
         agent_tls = _secret_data(control_plane, namespace, "inst-rmd-agent-tls")
@@ -972,7 +1012,11 @@ def test_install_and_upgrade_keep_the_ca_and_reissue_on_request(
                 "get", "values", release, "--namespace", namespace, "-o", "json", kubeconfig=kubeconfig
             ).stdout
         )
-        assert stored_values == {"agent": {"settings": {"log_level": "debug"}}}  # nothing of the TLS cache
+        # nothing of the TLS cache
+        assert stored_values == {
+            "agent": {"settings": {"log_level": "debug"}},
+            "tls": {"agentCertificates": "shared"},
+        }
 
         # tls.reissue: new leaf certificates from the same CA; the agents roll (their checksum changes).
         before = _agent_pod_annotations(control_plane, namespace, "inst-rmd-agent")

@@ -40,6 +40,9 @@ AGENT_SET_BY_CHART = {
     "tls_cert",
     "tls_key",
     "tls_client_ca",
+    "tls_csr",  # tls.agentCertificates
+    "tls_server_name",  # tls.agentDomain
+    "tls_csr_expiration_seconds",  # tls.agentCertificateSeconds
     "state_path",
     "policy_file",
     "kubeconfig",
@@ -53,6 +56,9 @@ OPERATOR_SET_BY_CHART = {
     "client_cert",
     "client_key",
     "agent_server_name",
+    "agent_signer_ca_cert",  # tls.agentCertificates: csr mounts the CA
+    "agent_signer_ca_key",
+    "agent_service_account",
     "peering",
     "priority",
     "liveness_listen",

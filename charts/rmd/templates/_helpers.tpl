@@ -79,6 +79,10 @@ app.kubernetes.io/component: operator
 
 {{- define "rmd.agentServerName" -}}{node}.{{ include "rmd.agentDomain" . }}{{- end -}}
 
+{{- define "rmd.caSecretName" -}}{{ default (printf "%s-ca" (include "rmd.fullname" .)) .Values.tls.ca.existingSecret }}{{- end -}}
+
+{{- define "rmd.agentCertsByCSR" -}}{{ if eq .Values.tls.agentCertificates "csr" }}true{{ end }}{{- end -}}
+
 {{- define "rmd.agent.serviceAccountName" -}}{{ include "rmd.agent.fullname" . }}{{- end -}}
 {{- define "rmd.operator.serviceAccountName" -}}{{ include "rmd.operator.fullname" . }}{{- end -}}
 
@@ -124,9 +128,10 @@ them is the current one, their identity is unchanged and tls.reissue is the valu
 {{- $_ := set $m "caCert" $ca.Cert -}}
 {{- $_ = set $m "caKey" $ca.Key -}}
 {{- $days := int .Values.tls.validityDays -}}
-{{- $leaves := list
-      (dict "key" "agent" "secret" (printf "%s-agent-tls" $fullname) "cn" "rmd-agent" "dns" (printf "*.%s" (include "rmd.agentDomain" .)))
-      (dict "key" "operator" "secret" (printf "%s-operator-tls" $fullname) "cn" "rmd-operator" "dns" "rmd-operator") -}}
+{{- $leaves := list (dict "key" "operator" "secret" (printf "%s-operator-tls" $fullname) "cn" "rmd-operator" "dns" "rmd-operator") -}}
+{{- if eq .Values.tls.agentCertificates "shared" -}}
+{{- $leaves = append $leaves (dict "key" "agent" "secret" (printf "%s-agent-tls" $fullname) "cn" "rmd-agent" "dns" (printf "*.%s" (include "rmd.agentDomain" .))) -}}
+{{- end -}}
 {{- range $leaves -}}
 {{- $old := lookup "v1" "Secret" $ns .secret -}}
 {{- $keep := and
