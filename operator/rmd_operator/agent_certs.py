@@ -45,7 +45,8 @@ class Review:
     lifetime: datetime.timedelta = datetime.timedelta(0)
 
 
-def _conditions(csr: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+def true_conditions(csr: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The request's conditions that hold (Approved, Denied, Failed), by type."""
     found = (csr.get("status") or {}).get("conditions") or ()
     return {
         str(c.get("type")): c for c in found if isinstance(c, Mapping) and c.get("status", "True") == "True"
@@ -56,7 +57,7 @@ def needs_action(csr: Mapping[str, Any]) -> bool:
     """Ours, and either undecided or approved but not yet signed."""
     if (csr.get("spec") or {}).get("signerName") != SIGNER_NAME:
         return False
-    conditions = _conditions(csr)
+    conditions = true_conditions(csr)
     if "Denied" in conditions or "Failed" in conditions:
         return False
     return "Approved" not in conditions or not (csr.get("status") or {}).get("certificate")

@@ -19,7 +19,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rmd_operator.agent_certs import Signer, needs_action, review
+from rmd_operator.agent_certs import Signer, needs_action, review, true_conditions
 from rmd_operator.errors import ConfigError
 from rmd_operator.kube import load_configuration
 from rmd_operator.settings import OperatorSettings
@@ -65,7 +65,7 @@ class AgentCertificateSigner:
         verdict = review(
             csr, agent_user=s.agent_user(), server_name=s.server_name, max_seconds=s.agent_cert_max_seconds
         )
-        approved = any(c.get("type") == "Approved" for c in (csr.get("status") or {}).get("conditions") or ())
+        approved = "Approved" in true_conditions(csr)
         try:
             if not approved:
                 condition = {

@@ -27,10 +27,14 @@ from rmd_operator.status import EventText
 log = logging.getLogger(__name__)
 
 COMPONENT = "rmd-operator"
-MESSAGE_LIMIT = 1024  # the API server's cap on an Event's message
+MESSAGE_LIMIT = 1000  # below the API server's 1 KiB cap on an Event's message
 _TRIES = (0.5, 1.0, 2.0)  # pauses between tries after connection trouble or a server error
 _REQUEST_TIMEOUT_SECONDS = 30.0
 _SENDERS = 4  # Events in flight at once: a burst of changes must not leave its Events a minute behind
+
+
+def _shortened(message: str) -> str:
+    return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
 
 
 def event_body(
@@ -49,7 +53,7 @@ def event_body(
         "involvedObject": involved,
         "type": event.type,
         "reason": event.reason,
-        "message": event.message[:MESSAGE_LIMIT],
+        "message": _shortened(event.message),
         "source": {"component": COMPONENT},  # kubectl describe's "From" column
         "reportingComponent": COMPONENT,
         "reportingInstance": instance,

@@ -54,7 +54,6 @@ _RELEASE_WAIT_SECONDS = 30.0  # after this, the RmdWorkload is created anyway (a
 # While a container's CPUs are not allocated, check this often that its pod still exists: a deletion the
 # watch missed (its connection was down) would otherwise leave the flow asking forever.
 _POD_CHECK_SECONDS = 60.0
-_EVENT_MESSAGE_LIMIT = 1000
 _REQUEST_TIMEOUT_SECONDS = 30.0
 
 Obj = dict[str, Any]
@@ -381,10 +380,7 @@ class PodFlow:
             log.exception("pod flow job failed")
 
     def _event(self, pod: _Pod, event: EventText) -> None:
-        message = event.message
-        if len(message) > _EVENT_MESSAGE_LIMIT:
-            message = message[: _EVENT_MESSAGE_LIMIT - 3] + "..."
-        self._post(pod.ref, EventText(event.type, event.reason, message))
+        self._post(pod.ref, event)
 
     def _announce(self, pod: _Pod) -> None:
         """Events for the request's refusals and ignored annotations, each once per pod."""

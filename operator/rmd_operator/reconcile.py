@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 
 _MIN_DELAY = 0.05
 _STATUS_RETRY_SECONDS = 2.0
-_EVENT_MESSAGE_LIMIT = 1000  # Event messages are capped by the API server (1 KiB)
 
 
 class Agents(Protocol):
@@ -560,10 +559,8 @@ class Reconciler:
         current = body.get("status") or {}
         mem = self._memories.get(uid)
         if mem is not None and mem.written is not None:
-            if mem.written[0] == current:
-                current = mem.written[
-                    1
-                ]  # the object as of our last write, which the watch has not brought yet
+            if mem.written[0] == current:  # the watch has not brought our last write back yet
+                current = mem.written[1]
             else:
                 mem.written = None  # the watch caught up (or someone else wrote): the object is the truth
         entries = {node: st.entry(o) for node, o in sorted(outcomes.items())}
@@ -590,10 +587,7 @@ class Reconciler:
         return True
 
     def _event(self, body: Mapping[str, Any], event: st.EventText) -> None:
-        message = event.message
-        if len(message) > _EVENT_MESSAGE_LIMIT:
-            message = message[: _EVENT_MESSAGE_LIMIT - 3] + "..."
-        self._post(body, st.EventText(event.type, event.reason, message))
+        self._post(body, event)
 
     # -- deletion --------------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rmd_api.agent_certs import MIN_EXPIRATION_SECONDS
 from rmd_api.settings_layers import as_plain_dict, dump, layered_values
 from rmd_operator.errors import ConfigError
 
@@ -173,8 +174,11 @@ def _check(s: OperatorSettings) -> None:
         raise ConfigError(f"setting agent_max_calls: must be at least 1, not {s.agent_max_calls}")
     if bool(s.agent_signer_ca_cert) != bool(s.agent_signer_ca_key):
         raise ConfigError("settings agent_signer_ca_cert and agent_signer_ca_key: give both or neither")
-    if s.agent_cert_max_seconds < 600:
-        raise ConfigError(f"setting agent_cert_max_seconds: at least 600, not {s.agent_cert_max_seconds}")
+    if s.agent_cert_max_seconds < MIN_EXPIRATION_SECONDS:
+        raise ConfigError(
+            f"setting agent_cert_max_seconds: at least {MIN_EXPIRATION_SECONDS}, "
+            f"not {s.agent_cert_max_seconds}"
+        )
     if s.list_page_size < 1:
         raise ConfigError(f"setting list_page_size: must be at least 1, not {s.list_page_size}")
     if s.watch_timeout_seconds <= 0:

@@ -8,12 +8,16 @@ import datetime
 import ipaddress
 from typing import Any
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from rmd_agent.errors import ConfigError
+from rmd_agent.server.app import check_serve_settings
 from rmd_agent.server.serving_cert import new_request, renewal_reason
+from rmd_agent.settings import AgentSettings
 from rmd_api.agent_certs import NODE_NAME_EXTRA, SIGNER_NAME
 from rmd_operator.agent_certs import Signer, needs_action, review
 from rmd_sim.pki import CertificateAuthority
@@ -103,3 +107,12 @@ def test_the_signed_certificate_serves_that_name_only_and_the_agent_keeps_it_unt
     two_thirds = NOW + datetime.timedelta(minutes=40)  # of 5 min backdating + 60 min
     assert "due for renewal" in (renewal_reason(cert_pem, "rmd-agent.n1", two_thirds) or "")
     assert renewal_reason(None, "rmd-agent.n1", NOW) == "no certificate yet"
+
+
+def test_serve_refuses_tls_csr_without_a_node_or_with_too_short_a_lifetime() -> None:
+    with pytest.raises(ConfigError, match="needs node_name"):
+        check_serve_settings(AgentSettings(tls_csr=True))
+    with pytest.raises(ConfigError, match="at least 600"):
+        check_serve_settings(AgentSettings(tls_csr=True, node_name="n1", tls_csr_expiration_seconds=60))
+    # good settings: nothing read yet (the files come with the certificate)
+    assert check_serve_settings(AgentSettings(tls_csr=True, node_name="n1")) is None

@@ -32,7 +32,7 @@ def test_the_body_names_the_object_and_the_operator() -> None:
         "uid": "u1",
     }
     assert (body["type"], body["reason"]) == ("Warning", "CacheWaysNotGuaranteed")
-    assert len(body["message"]) == MESSAGE_LIMIT
+    assert len(body["message"]) == MESSAGE_LIMIT and body["message"].endswith("x...")  # cut, and says so
     assert body["source"] == {"component": "rmd-operator"} and body["reportingInstance"] == "op-1"
     assert body["firstTimestamp"] == body["lastTimestamp"] == "2026-11-25T12:00:00Z"
 

@@ -74,6 +74,14 @@ def check_serve_settings(settings: AgentSettings) -> grpc.ServerCredentials | No
         )
     if settings.shutdown_grace_seconds < 0:
         raise ConfigError(f"shutdown_grace_seconds cannot be negative ({settings.shutdown_grace_seconds})")
+    if settings.tls_csr and not settings.insecure:
+        if not settings.node_name:
+            raise ConfigError("tls_csr needs node_name (or $NODE_NAME): the certificate names the node")
+        if settings.tls_csr_expiration_seconds < MIN_EXPIRATION_SECONDS:
+            raise ConfigError(
+                f"setting tls_csr_expiration_seconds: at least {MIN_EXPIRATION_SECONDS}, not "
+                f"{settings.tls_csr_expiration_seconds}"
+            )
     if settings.insecure or settings.tls_csr:  # with tls_csr the files come once the certificate is issued
         return None
     return server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
@@ -118,13 +126,6 @@ class AgentServer:
     def _serving_certificate(self) -> ServingCertificate:
         settings = self.settings
         if self._certificate is None:
-            if not settings.node_name:
-                raise ConfigError("tls_csr needs node_name (or $NODE_NAME): the certificate names the node")
-            if settings.tls_csr_expiration_seconds < MIN_EXPIRATION_SECONDS:
-                raise ConfigError(
-                    f"setting tls_csr_expiration_seconds: at least {MIN_EXPIRATION_SECONDS}, not "
-                    f"{settings.tls_csr_expiration_seconds}"
-                )
             self._certificate = ServingCertificate(
                 create_api_client(settings),
                 node=settings.node_name,
@@ -164,8 +165,7 @@ class AgentServer:
             raise
         self._health_task = asyncio.create_task(self._watch_health(), name="grpc-health")
         if self._certificate is not None:
-            renewal = self._certificate.renew_forever(asyncio.Event())
-            self._renewal = asyncio.create_task(renewal, name="tls-renewal")
+            self._renewal = asyncio.create_task(self._certificate.renew_forever(), name="tls-renewal")
         log.info(
             "serving gRPC on %s (port %d, %s) and HTTP on %s (port %d)",
             settings.grpc_listen,

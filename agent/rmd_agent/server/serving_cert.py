@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import datetime
 import json
 import logging
@@ -154,17 +153,16 @@ class ServingCertificate:
         )
         return validity
 
-    async def renew_forever(self, stop: asyncio.Event) -> None:
-        """Renew at two thirds of each certificate's life until `stop`; failures are retried in a minute."""
-        while not stop.is_set():
+    async def renew_forever(self) -> None:
+        """Renew at two thirds of each certificate's life until cancelled (after a failure: in a minute)."""
+        while True:
             try:
                 validity = await self.ensure()
                 delay = (validity.renew_at - datetime.datetime.now(datetime.UTC)).total_seconds()
             except (ConfigError, ApiException, OSError) as exc:
                 log.warning("serving certificate renewal failed; retrying in 60 s: %s", exc)
                 delay = 60.0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=max(delay, 1.0))
+            await asyncio.sleep(max(delay, 1.0))
 
     async def _request(self) -> tuple[bytes, bytes]:
         key_pem, request_pem = await asyncio.to_thread(new_request, self.name)
@@ -173,7 +171,7 @@ class ServingCertificate:
             "kind": "CertificateSigningRequest",
             "metadata": {"generateName": f"rmd-agent-{self.node}-"[:200]},
             "spec": {
-                "request": _b64(request_pem),
+                "request": base64.b64encode(request_pem).decode(),
                 "signerName": SIGNER_NAME,
                 "usages": list(USAGES),
                 "expirationSeconds": self.expiration_seconds,
@@ -211,7 +209,7 @@ class ServingCertificate:
                         f"{condition.get('reason', '')}: {condition.get('message', '')}"
                     )
             if status.get("certificate"):
-                return _unb64(status["certificate"])
+                return base64.b64decode(status["certificate"])
             if loop.time() >= deadline:
                 raise CertificateRequestFailed(
                     f"CertificateSigningRequest {name} was not signed within {self.wait_seconds:.0f} s: is "
@@ -219,14 +217,6 @@ class ServingCertificate:
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, _POLL_SECONDS[1])
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text)
 
 
 def _json(response: Any) -> dict[str, Any]:

@@ -55,19 +55,20 @@ def server_credentials(cert: Path, key: Path, client_ca: Path) -> grpc.ServerCre
     they change (a renewed certificate, a rotated CA bundle: no restart needed). ConfigError for unreadable
     files at the start; a later unreadable or half-written set is logged and the previous one kept."""
     paths = (cert, key, client_ca)
-    loaded = {"stamps": _stamps(paths)}
+    loaded = _stamps(paths)
     initial = _configuration(cert, key, client_ca)
 
     def fetch() -> Any:  # grpc calls this on each new handshake: a stat of three files
+        nonlocal loaded
         stamps = _stamps(paths)
-        if stamps == loaded["stamps"]:
+        if stamps == loaded:
             return None
         try:
             configuration = _configuration(cert, key, client_ca)
         except ConfigError as exc:
             log.warning("TLS files changed but cannot be read; keeping the previous ones: %s", exc)
             return None
-        loaded["stamps"] = stamps
+        loaded = stamps
         log.info("TLS files changed: serving with the new certificate")
         return configuration
 
