@@ -366,10 +366,12 @@ async def test_kubelet_command_in_api_mode(
             async def registered() -> Any:
                 assert proc.returncode is None, "the kubelet exited early"
                 with contextlib.suppress(ApiException):
-                    return await asyncio.to_thread(core.read_node, name)
+                    node = await asyncio.to_thread(core.read_node, name)
+                    # The kubelet creates the Node, then reports its status in a second write.
+                    return node if node.status and node.status.allocatable else None
                 return None
 
-            node = await eventually(registered, "the Node")
+            node = await eventually(registered, "the Node with its status")
             assert node.metadata.labels["rmd.test/cli"] == "yes"
             assert node.status.allocatable["cpu"] == str(CPUS - 1)
             sim = NodeClient(name, api, host / "var/lib/kubelet/pod-resources/kubelet.sock")
