@@ -19,11 +19,19 @@ What it reproduces (reference notes numa-topology-podresources.md §1, §2):
   only the exclusive CPUs; GetAllocatableResources = online CPUs minus the reserved set (empty with
   policy `none`) and all devices; Get = one pod, else the error "pod <name> in namespace <ns> not found".
   The real kubelet returns that as a plain Go error (status UNKNOWN); here the status is NOT_FOUND unless
-  `not_found_code` says otherwise. `get_enabled=False` answers Get like a kubelet whose
-  KubeletPodResourcesGet gate is off. The kubelet's rate limit (100 qps, burst 10, RESOURCE_EXHAUSTED
-  "rejected by rate limit") applies. No memory manager: memory blocks are never reported.
+  `not_found_code` says otherwise. `get_enabled=False` (`--get-disabled`; an attribute tests may flip
+  while it serves, like a kubelet restarted with other gates) answers Get like a 1.27-1.35 kubelet whose
+  KubeletPodResourcesGet gate is off: status UNKNOWN, "PodResources API Get method disabled". The
+  kubelet's rate limit (100 qps, burst 10, RESOURCE_EXHAUSTED "rejected by rate limit") applies. No memory
+  manager: memory blocks are never reported.
 * `<root>/var/lib/kubelet/cpu_manager_state` (v2 format, valid checksum), rewritten after every change
   through a temp file in the same directory, fsync and rename, as the kubelet's checkpoint manager does.
+* What the kubelet makes on the node for an admitted pod: its cgroup, under the parent of its QoS class, in
+  every cgroup hierarchy of the tree that has the kubelet's pod root (cgroupfs driver `kubepods/pod<uid>`,
+  `kubepods/burstable/pod<uid>`, `kubepods/besteffort/pod<uid>`; systemd driver `kubepods.slice/
+  kubepods-pod<uid_>.slice`, `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_>.slice`,
+  ...), and its log directory `var/log/pods/<namespace>_<name>_<uid>/<container>/`. Both go with the pod.
+  A tree without a pod root gets no cgroups (the real kubelet would not start).
 
 Tests can freeze the server with `stall()` / `resume()` to exercise client deadlines.
 """
@@ -36,6 +44,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -65,6 +74,8 @@ log = logging.getLogger(__name__)
 SOCKET_REL = "var/lib/kubelet/pod-resources/kubelet.sock"
 STATE_REL = "var/lib/kubelet/cpu_manager_state"
 CONFIG_REL = "var/lib/kubelet/config.yaml"
+CGROUP_REL = "sys/fs/cgroup"
+POD_LOGS_REL = "var/log/pods"
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 
 CpuManagerPolicy = Literal["static", "none"]
@@ -218,6 +229,40 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def pod_cgroup_dirs(host_root: Path, uid: str, qos: QoS) -> list[Path]:
+    """Where the kubelet puts the pod's cgroup: one directory per hierarchy that has the kubelet's pod root,
+    named for the cgroup driver that root shows (kubelet `cgroup_manager_linux.go`, `pod_container_manager`).
+    """
+    base = Path(host_root) / CGROUP_REL
+    if (base / "cgroup.controllers").exists():
+        hierarchies = [base]
+    elif base.is_dir():
+        hierarchies = sorted(d for d in base.iterdir() if d.is_dir() and not d.is_symlink())
+    else:
+        return []
+    klass = qos.lower()
+    dirs = []
+    for hierarchy in hierarchies:
+        if (hierarchy / "kubepods.slice").is_dir():
+            escaped = uid.replace("-", "_")
+            top = "kubepods.slice"
+            if qos == "Guaranteed":
+                dirs.append(hierarchy / top / f"kubepods-pod{escaped}.slice")
+            else:
+                dirs.append(
+                    hierarchy / top / f"kubepods-{klass}.slice" / f"kubepods-{klass}-pod{escaped}.slice"
+                )
+        elif (hierarchy / "kubepods").is_dir():
+            parent = hierarchy / "kubepods"
+            dirs.append(parent / f"pod{uid}" if qos == "Guaranteed" else parent / klass / f"pod{uid}")
+    return dirs
+
+
+def pod_log_dir(host_root: Path, pod: SimPod) -> Path:
+    """The kubelet's log directory of a pod (kuberuntime `BuildPodLogsDirectory`)."""
+    return Path(host_root) / POD_LOGS_REL / f"{pod.namespace}_{pod.name}_{pod.uid}"
+
+
 # --- the node model ---
 
 
@@ -342,6 +387,7 @@ class SimKubelet:
         if pod is None:
             raise KeyError(f"no pod with uid {uid}")
         self.write_state()
+        self._remove_pod_dirs(pod)
         log.info("removed pod %s/%s", pod.namespace, pod.name)
 
     def find_pod(self, namespace: str, name: str) -> SimPod | None:
@@ -450,6 +496,7 @@ class SimKubelet:
     def _commit(self, pod: SimPod) -> None:
         self._pods[pod.uid] = pod
         self.write_state()
+        self._make_pod_dirs(pod)
         log.info(
             "admitted pod %s/%s (%s), exclusive cpus %s, devices %s",
             pod.namespace,
@@ -544,6 +591,21 @@ class SimKubelet:
                         f"pod {pod.namespace}/{pod.name} container {container}: "
                         f"Allocate failed due to {exc}, which is unexpected"
                     ) from exc
+
+    # --- the pod's cgroup and log directory ---
+
+    def _make_pod_dirs(self, pod: SimPod) -> None:
+        for directory in pod_cgroup_dirs(self.host_root, pod.uid, pod.qos):
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "cgroup.procs").touch()
+        logs = pod_log_dir(self.host_root, pod)
+        for spec in pod.containers:
+            (logs / spec.name).mkdir(parents=True, exist_ok=True)
+
+    def _remove_pod_dirs(self, pod: SimPod) -> None:
+        for directory in pod_cgroup_dirs(self.host_root, pod.uid, pod.qos):
+            shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(pod_log_dir(self.host_root, pod), ignore_errors=True)
 
     # --- cpu_manager_state ---
 
@@ -706,6 +768,7 @@ async def serve_kubelet(
     cpu_manager_policy: CpuManagerPolicy | None = None,
     socket_path: Path | None = None,
     device_plugins: bool = True,
+    get_enabled: bool = True,
     kubeconfig: Path | None = None,
     node_name: str = "",
     node_labels: Mapping[str, str] | None = None,
@@ -721,6 +784,7 @@ async def serve_kubelet(
         cpu_manager_policy=cpu_manager_policy,
         socket_path=socket_path,
         device_plugins=device_plugins,
+        get_enabled=get_enabled,
     )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(kubelet)
@@ -766,6 +830,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help=f"do not serve device plugin Registration on <host root>/{PLUGIN_DIR_REL}/kubelet.sock",
     )
+    parser.add_argument(
+        "--get-disabled",
+        dest="get_enabled",
+        action="store_false",
+        help="answer PodResources Get like a kubelet whose KubeletPodResourcesGet feature gate is off "
+        '(UNKNOWN "PodResources API Get method disabled"; the default before Kubernetes 1.34)',
+    )
     api = parser.add_argument_group("API server mode (be a node: register it, run the pods bound to it)")
     api.add_argument("--kubeconfig", type=Path, default=None, help="the API server and credentials")
     api.add_argument("--node-name", default="", help="the Node to register (required with --kubeconfig)")
@@ -799,6 +870,7 @@ def run_kubelet_command(args: argparse.Namespace) -> int:
                 cpu_manager_policy=args.cpu_manager_policy,
                 socket_path=args.socket,
                 device_plugins=args.device_plugins,
+                get_enabled=args.get_enabled,
                 kubeconfig=args.kubeconfig,
                 node_name=args.node_name,
                 node_labels=dict(args.node_labels),

@@ -173,16 +173,19 @@ class SimLoad:
         logs: bool = True,
     ) -> SimLoadPod:
         """A running pod whose containers burn `containers[name]` CPUs each. `logs=False` leaves out the
-        kubelet's log directories (the agent then cannot name it)."""
+        kubelet's log directories (the agent then cannot name it). A pod whose cgroup a simulated kubelet
+        already made (rmd_sim.kubelet) keeps it, and the QoS class it shows."""
         if uid in self.pods:
             raise ValueError(f"pod uid {uid} already exists")
         if qos not in QOS_CLASSES or runtime not in RUNTIME_PREFIX:
             raise ValueError(f"qos must be one of {QOS_CLASSES}, runtime one of {tuple(RUNTIME_PREFIX)}")
+        base = self.root / self.cgroup_base
+        qos = next((q for q in QOS_CLASSES if (base / self._pod_rel_dir(uid, q)).is_dir()), qos)
         parts = {"": SimContainer("", _container_id(uid, "", 0), sandbox_cpus)}
         parts.update({n: SimContainer(n, _container_id(uid, n, 0), cpus) for n, cpus in containers.items()})
         pod = SimLoadPod(namespace, name, uid, qos, runtime, self._pod_rel_dir(uid, qos), parts)
-        pod_dir = self.root / self.cgroup_base / pod.rel_dir
-        pod_dir.mkdir(parents=True)
+        pod_dir = base / pod.rel_dir
+        pod_dir.mkdir(parents=True, exist_ok=True)
         (pod_dir / "cgroup.procs").write_text("")
         for part in parts.values():
             self._container_dir(pod, part.id).mkdir()
@@ -228,7 +231,7 @@ class SimLoad:
     def remove_pod(self, uid: str) -> None:
         """The pod is deleted: its cgroups and log directories go."""
         pod = self.pods.pop(uid)
-        shutil.rmtree(self.root / self.cgroup_base / pod.rel_dir)
+        shutil.rmtree(self.root / self.cgroup_base / pod.rel_dir, ignore_errors=True)
         shutil.rmtree(self._log_dir(pod), ignore_errors=True)
         for link in (self.root / CONTAINER_LOGS).glob(f"{pod.name}_{pod.namespace}_*.log"):
             link.unlink()

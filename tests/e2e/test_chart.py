@@ -510,6 +510,26 @@ def test_settings_the_programs_load_from_the_rendered_pods(
     assert ExtendedKeyUsageOID.CLIENT_AUTH in usages
 
 
+@pytest.mark.parametrize(
+    ("power", "nrt", "logs"),
+    [(True, False, {"pods", "containers"}), (False, True, {"pods"}), (False, False, set())],
+)
+def test_pod_log_directories_are_mounted_for_power_and_the_nrt(
+    helm: Helm, power: bool, nrt: bool, logs: set[str]
+) -> None:
+    """Power metrics name pods and containers from both log directories; the NRT pod fingerprint takes pods'
+    namespace/name (for their QoS classes) from the pod log directory only."""
+    settings = [
+        f"agent.settings.power_enabled={str(power).lower()}",
+        f"agent.settings.nrt_enabled={str(nrt).lower()}",
+    ]
+    docs = helm.template("rel", "ops", *(arg for s in settings for arg in ("--set", s)))
+    host = host_mounts(find(docs, "DaemonSet"))
+    mounted = {kind for kind in ("pods", "containers") if f"/host/var/log/{kind}" in host}
+    assert mounted == logs
+    assert all(host[f"/host/var/log/{kind}"] == (True, f"/var/log/{kind}") for kind in mounted)
+
+
 def _field_names(cls: type) -> set[str]:
     return {f.name for f in fields(cls)}
 

@@ -3,8 +3,9 @@ kubelet (real PodResources gRPC, real cpu_manager_state renames) on a simulated 
 a real kube-apiserver whose CRD is crds/noderesourcetopologies.topology.node.k8s.io.yaml.
 
 Scenarios from the reference notes §8 (RTE's topology-updater and PodFingerprint e2e, NFD's): object
-validity and owner, best-effort / fractional / exclusive pods, fingerprint stability and changes,
-recreation after deletion, excluded memory, devices, cache ways, garbage collection with the Node.
+validity and owner, best-effort / burstable / fractional Guaranteed / exclusive pods, fingerprint stability
+and changes (counting the pods the scheduler counts), recreation after deletion, excluded memory, devices,
+cache ways, garbage collection with the Node.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rmd_agent.nrt.exporter import NrtExporter
+from rmd_agent.nrt.fingerprint import fingerprint
 from rmd_agent.nrt.publisher import GROUP, PLURAL, VERSION
 from rmd_agent.nrt.quantity import parse_integer_quantity
 from rmd_agent.nrt.zones import CACHE_WAYS_RESOURCE, CacheWays
@@ -222,15 +224,14 @@ async def test_deleting_the_node_garbage_collects_the_object(
 # --- pods -------------------------------------------------------------------------------------------------
 
 
-async def test_shared_and_fractional_pods_change_nothing(
+async def test_shared_pods_change_nothing_and_a_fractional_guaranteed_pod_only_the_fingerprint(
     control_plane: ControlPlane, sim_node: SimNode
 ) -> None:
     async with exporting(control_plane, sim_node) as (exporter, kubelet):
         before = await published(sim_node)
         writes = exporter.publisher.writes if exporter.publisher else -1
-        kubelet.add_pod("e2e", "best-effort", "uid-be", [ContainerSpec("c")])
-        kubelet.add_pod("e2e", "burstable", "uid-bu", [ContainerSpec("c", "1", "2", "1Gi", "2Gi")])
-        kubelet.add_pod("e2e", "half-cpu", "uid-half", [ContainerSpec("c", "500m", "500m", "1Gi", "1Gi")])
+        kubelet.add_pod("e2e", "best-effort", str(uuid.uuid4()), [ContainerSpec("c")])
+        kubelet.add_pod("e2e", "burstable", str(uuid.uuid4()), [ContainerSpec("c", "1", "2", "1Gi", "2Gi")])
         await settled(exporter)
         after = await sim_node.nrt()
         assert after is not None
@@ -239,6 +240,21 @@ async def test_shared_and_fractional_pods_change_nothing(
         assert attributes(after) == attributes(before)  # with-exclusive-resources: these pods do not count
         assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # no write
         assert exporter.publisher is not None and exporter.publisher.writes == writes
+
+        # A Guaranteed pod with a fractional CPU pins nothing, but the scheduler counts it (it requests
+        # memory), so the fingerprint must too: the agent knows its class from the cgroup the kubelet made.
+        kubelet.add_pod(
+            "e2e", "half-cpu", str(uuid.uuid4()), [ContainerSpec("c", "500m", "500m", "1Gi", "1Gi")]
+        )
+        expected = fingerprint([("e2e", "half-cpu")])
+
+        async def counted() -> Obj | None:
+            obj = await sim_node.nrt()
+            return obj if obj and attributes(obj)["nodeTopologyPodsFingerprint"] == expected else None
+
+        during = await eventually(counted, "the fractional Guaranteed pod in the fingerprint")
+        assert during["zones"] == before["zones"]
+        assert during["metadata"]["annotations"]["topology.node.k8s.io/fingerprint"] == expected
 
 
 async def test_exclusive_pod_lowers_available_and_its_deletion_restores_it(

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -150,21 +151,30 @@ def test_bad_settings_are_refused(host: Path, settings: dict[str, Any], message:
 
 
 class FakeEngine:
-    def __init__(self, caches: tuple[CacheDomainSummary, ...]) -> None:
+    def __init__(self, caches: tuple[CacheDomainSummary, ...], held: Sequence[Any] = ()) -> None:
         self.caches = caches
+        self.held = list(held)
 
     async def node(self) -> NodeSummary:
         return NodeSummary("n1", {}, 4, 2, self.caches, 16, 1, 0)
 
+    async def list(self) -> list[Any]:
+        return self.held
 
-async def test_engine_provider_reports_free_guaranteed_ways_and_skips_domains_without_a_pool() -> None:
+
+async def test_engine_provider_reports_the_guaranteed_pool_and_skips_domains_without_one() -> None:
+    """Allocatable is the guaranteed pool, free plus held: what the device plugin advertises and the Node's
+    capacity shows. (It was the whole cache: on a real node the zone said 11 while the kubelet had 5.)"""
+    holder = SimpleNamespace(pool="guaranteed", cache={0: 0b11})
+    other = SimpleNamespace(pool="besteffort", cache={0: 0b100})
     engine = FakeEngine(
         (
             CacheDomainSummary(0, frozenset({0, 1}), 11, {"guaranteed": 3, "besteffort": 2, "shared": 2}),
             CacheDomainSummary(1, frozenset({2, 3}), 11, {}),  # no cache allocation on this domain
-        )
+        ),
+        [holder, other],
     )
-    assert await engine_l3_provider(engine)() == [CacheWays(0, frozenset({0, 1}), 11, 11, 3)]  # type: ignore[arg-type]
+    assert await engine_l3_provider(engine)() == [CacheWays(0, frozenset({0, 1}), 11, 5, 3)]  # type: ignore[arg-type]
 
 
 async def test_sysfs_provider_reports_every_way_free(make_tree: Callable[[Mapping[str, str]], Path]) -> None:

@@ -12,7 +12,7 @@ import pytest
 from rmd_agent.errors import KubeletUnavailable
 from rmd_agent.kubelet.podresources import ContainerResources, PodResources
 from rmd_agent.nrt import triggers
-from rmd_agent.nrt.triggers import RefreshTrigger, poll_pod_resources, watch_kubelet_state
+from rmd_agent.nrt.triggers import RefreshTrigger, poll_pod_qos, poll_pod_resources, watch_kubelet_state
 from rmd_sim.kubelet import write_atomically
 
 POLL = 0.05
@@ -138,6 +138,26 @@ async def test_pod_resources_outage_is_survived_and_recovery_fires() -> None:
     task = asyncio.create_task(poll_pod_resources(scripted(answers), trigger, POLL))  # type: ignore[arg-type]
     try:
         assert await fired(trigger) == {"podresources:recovered"}
+        await quiet(trigger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_pod_qos_changes_fire() -> None:
+    """A pod's class becoming known (its cgroup and log directory appear) fires once; an equal answer not."""
+    trigger = RefreshTrigger()
+    answers = iter([{("ns", "a"): "guaranteed"}, {("ns", "a"): "guaranteed", ("ns", "b"): "burstable"}])
+    last: dict[tuple[str, str], str] = {}
+
+    def read() -> dict[tuple[str, str], str]:
+        nonlocal last
+        last = next(answers, last)
+        return last
+
+    task = asyncio.create_task(poll_pod_qos(read, trigger, POLL))
+    try:
+        assert await fired(trigger) == {"pod-qos"}
         await quiet(trigger)
     finally:
         task.cancel()

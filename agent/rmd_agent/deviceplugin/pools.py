@@ -15,11 +15,9 @@ from collections.abc import Mapping, Sequence
 
 from rmd_agent.deviceplugin.devices import WayPool, numa_nodes_of
 from rmd_agent.deviceplugin.plugin import PoolProvider
-from rmd_agent.engine_api import AppliedWorkload, CacheDomainSummary, Engine
+from rmd_agent.engine_api import GUARANTEED_POOL, AppliedWorkload, CacheDomainSummary, Engine, guaranteed_held
 from rmd_agent.hostfs import HostFS, Unsupported
 from rmd_agent.observe.numa import read_numa_nodes
-
-GUARANTEED_POOL = "guaranteed"
 
 
 def guaranteed_pools(
@@ -30,11 +28,7 @@ def guaranteed_pools(
     """One WayPool per L3 cache: free guaranteed ways plus the ways guaranteed workloads hold there.
 
     A cache without a guaranteed pool (no L3 CAT, resctrl not mounted) gets 0 ways."""
-    held: dict[int, int] = {}
-    for applied in workloads:
-        if applied.pool == GUARANTEED_POOL:
-            for cache_id, mask in applied.cache.items():
-                held[cache_id] = held.get(cache_id, 0) + mask.bit_count()
+    held = guaranteed_held(workloads)
     pools = []
     for cache in caches:
         free = cache.free_ways.get(GUARANTEED_POOL)

@@ -6,13 +6,15 @@
     exporter.stop(); await task
 
 A refresh reads sysfs (NUMA nodes), the kubelet config (topology manager policy and scope), PodResources
-(GetAllocatableResources every time, so devices registered later appear; List) and the L3 provider, computes
-the object (nrt/zones.py) and hands it to the publisher, which writes only if the content changed.
+(GetAllocatableResources every time, so devices registered later appear; List), the L3 provider and, for the
+with-exclusive-resources pod fingerprint, the pods' QoS classes (nrt/pod_qos.py), computes the object
+(nrt/zones.py, nrt/fingerprint.py) and hands it to the publisher, which writes only if the content changed.
 
-Refreshes happen on a kubelet state file change or a PodResources change (nrt/triggers.py), on a periodic
-resync (`nrt_resync_seconds`, which also re-reads the API object to recreate or repair it), and after a
-failure (with backoff). Triggers that fire while a refresh waits or runs are coalesced into the next one, and
-refreshes are at least `nrt_min_write_interval_seconds` apart, which bounds the write rate.
+Refreshes happen on a kubelet state file change, a PodResources change or a change of the pods' QoS classes
+(nrt/triggers.py), on a periodic resync (`nrt_resync_seconds`, which also re-reads the API object to recreate
+or repair it), and after a failure (with backoff). Triggers that fire while a refresh waits or runs are
+coalesced into the next one, and refreshes are at least `nrt_min_write_interval_seconds` apart, which bounds
+the write rate.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from rmd_agent.engine_api import Engine
+from rmd_agent.engine_api import GUARANTEED_POOL, Engine, guaranteed_held
 from rmd_agent.errors import AgentError, ConfigError
 from rmd_agent.hostfs import HostFS, Unsupported
 from rmd_agent.kubelet.config import KubeletConfig, read_kubelet_config
-from rmd_agent.kubelet.podresources import PodResourcesClient
+from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient
 from rmd_agent.nrt import fingerprint
+from rmd_agent.nrt.pod_qos import KubeletPodQoS
 from rmd_agent.nrt.publisher import NrtPublisher
-from rmd_agent.nrt.triggers import RefreshTrigger, poll_pod_resources, watch_kubelet_state
+from rmd_agent.nrt.triggers import RefreshTrigger, poll_pod_qos, poll_pod_resources, watch_kubelet_state
 from rmd_agent.nrt.zones import (
     ATTRIBUTE_TM_POLICY,
     ATTRIBUTE_TM_SCOPE,
@@ -40,13 +43,12 @@ from rmd_agent.nrt.zones import (
 )
 from rmd_agent.observe.caches import read_l3_caches
 from rmd_agent.observe.numa import read_numa_nodes
+from rmd_agent.power.cgroup_paths import QoS
 from rmd_agent.settings import AgentSettings
-from rmd_agent.workload import Pool
 
 log = logging.getLogger(__name__)
 
 L3Provider = Callable[[], Awaitable[Sequence[CacheWays]]]
-_GUARANTEED_POOL = str(Pool.GUARANTEED)
 
 
 class TopologyUnavailable(AgentError):
@@ -83,18 +85,25 @@ def sysfs_l3_provider(fs: HostFS) -> L3Provider:
 
 
 def engine_l3_provider(engine: Engine) -> L3Provider:
-    """Cache ways as the engine allocates them: available = ways still free in the guaranteed pool.
+    """Cache ways as the engine allocates them: allocatable = the guaranteed pool (what the device plugin
+    advertises, so the zone agrees with the Node's capacity), available = the pool's ways still free.
 
-    The engine's summary has no pool sizes yet, so allocatable is the whole cache. A domain without a
-    guaranteed pool (no L3 CAT, resctrl not mounted) is left out, and with it the resource.
+    A domain without a guaranteed pool (no L3 CAT, resctrl not mounted) is left out, and with it the resource.
     """
 
     async def provide() -> Sequence[CacheWays]:
         summary = await engine.node()
+        held = guaranteed_held(await engine.list())
         return [
-            CacheWays(c.cache_id, c.cpus, c.ways, c.ways, c.free_ways[_GUARANTEED_POOL])
+            CacheWays(
+                c.cache_id,
+                c.cpus,
+                c.ways,
+                c.free_ways[GUARANTEED_POOL] + held.get(c.cache_id, 0),
+                c.free_ways[GUARANTEED_POOL],
+            )
             for c in summary.caches
-            if _GUARANTEED_POOL in c.free_ways
+            if GUARANTEED_POOL in c.free_ways
         ]
 
     return provide
@@ -138,6 +147,10 @@ class NrtExporter:
         self._trigger = RefreshTrigger()
         self._stopping = False
         self._config_warned = False
+        exclusive = settings.nrt_pods_fingerprint_method == fingerprint.METHOD_EXCLUSIVE
+        self.pod_qos = KubeletPodQoS(self.fs, settings.kubelet_config) if exclusive else None
+        self._qos_problems: tuple[str, ...] = ()
+        self._qos_unknown: set[fingerprint.PodKey] = set()  # pods logged as having no QoS class
         self.refreshes = 0  # completed refresh attempts, successful or not (tests wait on it)
         self.failures = 0
         self.last_topology: NodeTopology | None = None
@@ -171,6 +184,13 @@ class NrtExporter:
                         poll_pod_resources(podres.list, self._trigger, settings.nrt_poll_seconds)
                     ),
                 ]
+                if self.pod_qos is not None:
+                    read = self.pod_qos.read
+                    watchers.append(
+                        asyncio.create_task(
+                            poll_pod_qos(lambda: read().classes, self._trigger, settings.nrt_poll_seconds)
+                        )
+                    )
                 try:
                     await self._loop(podres, self.publisher)
                 finally:
@@ -229,10 +249,29 @@ class NrtExporter:
         caches = await self._l3()
         zones = compute_zones(numa, allocatable, pods, caches, self.exclude)
         method = self.settings.nrt_pods_fingerprint_method
-        attributes = topology_attributes(
-            self._kubelet_config(), fingerprint.pods_fingerprint(pods, method), method
-        )
+        listed = {r.name for zone in zones for r in zone.resources}  # what the scheduler calls the NRT's
+        pfp = fingerprint.pods_fingerprint(pods, method, self._pod_classes(pods), listed)
+        attributes = topology_attributes(self._kubelet_config(), pfp, method)
         return NodeTopology.of(zones, attributes)
+
+    def _pod_classes(self, pods: Sequence[PodResources]) -> dict[fingerprint.PodKey, QoS]:
+        """The QoS classes of the pods (with-exclusive-resources only). Pods without one are decided from
+        PodResources alone; each is logged once at debug, an unreadable source once as a warning."""
+        if self.pod_qos is None:
+            return {}
+        reading = self.pod_qos.read()
+        if reading.problems and reading.problems != self._qos_problems:
+            log.warning(
+                "pod QoS classes unknown (%s): the pod fingerprint may not match the scheduler's for "
+                "Guaranteed pods without exclusive CPUs",
+                "; ".join(reading.problems),
+            )
+        self._qos_problems = reading.problems
+        unknown = {(p.namespace, p.name) for p in pods} - reading.classes.keys()
+        for key in sorted(unknown - self._qos_unknown):
+            log.debug("no QoS class for pod %s/%s: fingerprint decided from PodResources", *key)
+        self._qos_unknown = unknown
+        return reading.classes
 
     def _kubelet_config(self) -> KubeletConfig:
         """Re-read every refresh, so a changed topology manager policy shows (NFD #1256, RTE #162)."""

@@ -7,8 +7,11 @@
   not exist yet, the files' identity (inode, size, mtime) is polled instead.
 * PodResources `List` is polled and compared by content: it is cheap, catches what no file records (a
   best-effort pod appearing, a device pod without exclusive CPUs) and is what the zones are computed from.
+* With the with-exclusive-resources fingerprint, the pods' QoS classes (nrt/pod_qos.py) are polled the same
+  way: a pod is in `List` from its admission, but its class is only known once the kubelet has made its
+  cgroup and log directory, which may be much later (volumes are mounted in between).
 
-Both only fire a RefreshTrigger; the exporter coalesces whatever fired while it was busy into one refresh.
+Each only fires a RefreshTrigger; the exporter coalesces whatever fired while it was busy into one refresh.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import ctypes.util
 import logging
 import os
 import struct
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 
 from rmd_agent.errors import KubeletUnavailable
@@ -272,4 +275,20 @@ async def poll_pod_resources(
             if last is not None and current != last:
                 trigger.fire("podresources")
             last = current
+        await asyncio.sleep(interval)
+
+
+# --- pod QoS classes ---------------------------------------------------------------------------------------
+
+
+async def poll_pod_qos(
+    read_classes: Callable[[], Mapping[tuple[str, str], object]], trigger: RefreshTrigger, interval: float
+) -> None:
+    """Call `read_classes` every `interval` seconds and fire `trigger` when its answer changes."""
+    last: dict[tuple[str, str], object] | None = None
+    while True:
+        current = dict(read_classes())
+        if last is not None and current != last:
+            trigger.fire("pod-qos")
+        last = current
         await asyncio.sleep(interval)

@@ -1,0 +1,166 @@
+"""Pods' QoS classes from the node (rmd_agent.nrt.pod_qos): the join of pod cgroups and pod log directories,
+read from host trees where the simulated kubelet made them as the real one does (rmd_sim.kubelet), for both
+cgroup versions and drivers; and the exporter using them for the fingerprint."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from rmd_agent.hostfs import HostFS
+from rmd_agent.kubelet.podresources import AllocatableResources, ContainerResources, PodResources
+from rmd_agent.nrt import fingerprint
+from rmd_agent.nrt.exporter import NrtExporter
+from rmd_agent.nrt.pod_qos import KubeletPodQoS, join_pod_qos, list_pod_cgroups, list_pod_log_dirs
+from rmd_agent.power.cgroup_paths import QoS
+from rmd_agent.power.pod_meta import PodMeta
+from rmd_agent.settings import AgentSettings
+from rmd_sim.hosttree import write_host_tree
+from rmd_sim.kubelet import ContainerSpec, SimKubelet
+from rmd_sim.load import SimLoad
+from rmd_sim.spec import NodeSpec
+
+SMALL = NodeSpec(name="small", cores_per_socket=4)  # few CPUs: fewer files to write
+UIDS = {name: str(uuid.uuid5(uuid.NAMESPACE_DNS, name)) for name in ("gu", "bu", "be", "gu-int")}
+PODS: dict[str, tuple[ContainerSpec, ...]] = {
+    "gu": (ContainerSpec("c", "500m", "500m", "1Gi", "1Gi"),),  # fractional Guaranteed: no exclusive CPUs
+    "bu": (ContainerSpec("c", "1", "2", "1Gi", "1Gi"),),
+    "be": (ContainerSpec("c"), ContainerSpec("sidecar")),
+    "gu-int": (ContainerSpec("c", "2", "2", "1Gi", "1Gi"),),
+}
+EXPECTED = {
+    ("ns", "gu"): QoS.GUARANTEED,
+    ("ns", "bu"): QoS.BURSTABLE,
+    ("ns", "be"): QoS.BESTEFFORT,
+    ("ns", "gu-int"): QoS.GUARANTEED,
+}
+
+
+def node(tmp_path: Path, version: int, driver: str) -> tuple[Path, SimKubelet]:
+    root = tmp_path / "node"
+    write_host_tree(dataclasses.replace(SMALL, cgroup_version=version, cgroup_driver=driver), root)
+    kubelet = SimKubelet.from_host_tree(root)
+    for name, containers in PODS.items():
+        kubelet.add_pod("ns", name, UIDS[name], containers)
+    return root, kubelet
+
+
+def test_join_by_uid() -> None:
+    classes = {"u1": QoS.GUARANTEED, "u2": QoS.BURSTABLE, "u3": QoS.BESTEFFORT, "u4": QoS.BURSTABLE}
+    names = {
+        "u1": PodMeta("a", "p1"),
+        "u2": PodMeta("a", "p2"),
+        "u4": PodMeta("a", "p2"),
+        "u9": PodMeta("a", "x"),
+    }
+    # u3 has no name, u9 no cgroup; p2 has two live uids of the same class
+    assert join_pod_qos(classes, names) == {("a", "p1"): QoS.GUARANTEED, ("a", "p2"): QoS.BURSTABLE}
+    # a name replaced by a pod of another class while the old one terminates: unknown
+    names["u4"] = PodMeta("a", "p1")
+    assert join_pod_qos(classes, names) == {("a", "p2"): QoS.BURSTABLE}
+
+
+@pytest.mark.parametrize(
+    ("version", "driver"), [(2, "cgroupfs"), (1, "cgroupfs"), (2, "systemd"), (1, "systemd")]
+)
+def test_classes_of_the_simulated_kubelets_pods(tmp_path: Path, version: int, driver: str) -> None:
+    root, kubelet = node(tmp_path, version, driver)
+    reading = KubeletPodQoS(HostFS(root)).read()
+    assert reading.problems == ()
+    assert reading.classes == EXPECTED
+    kubelet.remove_pod(UIDS["bu"])
+    assert KubeletPodQoS(HostFS(root)).read().classes == {k: v for k, v in EXPECTED.items() if k[1] != "bu"}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_simulated_kubelet_lays_pods_out_like_the_real_one(tmp_path: Path, version: int) -> None:
+    """cgroupfs: kubepods/pod<uid>, kubepods/burstable/pod<uid>, kubepods/besteffort/pod<uid> in every
+    hierarchy; systemd slices likewise; /var/log/pods/<namespace>_<name>_<uid>/<container>/."""
+    root, kubelet = node(tmp_path, version, "cgroupfs")
+    hierarchies = (
+        ["sys/fs/cgroup"]
+        if version == 2
+        else [f"sys/fs/cgroup/{h}" for h in ("cpu,cpuacct", "cpuset", "memory")]
+    )
+    for hierarchy in hierarchies:
+        pods = root / hierarchy / "kubepods"
+        assert (pods / f"pod{UIDS['gu']}").is_dir()
+        assert (pods / "burstable" / f"pod{UIDS['bu']}").is_dir()
+        assert (pods / "besteffort" / f"pod{UIDS['be']}").is_dir()
+    logs = root / "var/log/pods"
+    assert (logs / f"ns_be_{UIDS['be']}" / "sidecar").is_dir()
+    kubelet.remove_pod(UIDS["be"])
+    assert not (root / hierarchies[0] / "kubepods/besteffort" / f"pod{UIDS['be']}").exists()
+    assert not (logs / f"ns_be_{UIDS['be']}").exists()
+
+    systemd_root, _ = node(tmp_path / "systemd", version, "systemd")
+    top = systemd_root / hierarchies[0] / "kubepods.slice"
+    escaped = {name: uid.replace("-", "_") for name, uid in UIDS.items()}
+    assert (top / f"kubepods-pod{escaped['gu']}.slice").is_dir()
+    assert (top / "kubepods-burstable.slice" / f"kubepods-burstable-pod{escaped['bu']}.slice").is_dir()
+    assert (top / "kubepods-besteffort.slice" / f"kubepods-besteffort-pod{escaped['be']}.slice").is_dir()
+
+
+def test_a_simulated_load_keeps_the_kubelets_cgroup(tmp_path: Path) -> None:
+    root, _ = node(tmp_path, 2, "systemd")
+    load = SimLoad(root)
+    pod = load.add_pod("ns", "bu", UIDS["bu"], {"c": 1.0}, qos="guaranteed")
+    assert pod.qos == "burstable"  # the class the kubelet gave it
+    assert KubeletPodQoS(HostFS(root)).read().classes == EXPECTED
+
+
+def test_missing_sources_are_problems(make_tree: Callable[[Mapping[str, str]], Path]) -> None:
+    bare = make_tree({"sys/fs/cgroup/cgroup.controllers": "cpu memory\n", "var/log/pods/ns_p_u1/c/0.log": ""})
+    fs = HostFS(bare)
+    assert list_pod_log_dirs(fs, "var/log/pods") == {"u1": PodMeta("ns", "p")}
+    reading = KubeletPodQoS(fs).read()
+    assert reading.classes == {} and len(reading.problems) == 1 and "kubepods" in reading.problems[0]
+    (bare / "sys/fs/cgroup/kubepods/burstable/podu1").mkdir(parents=True)
+    assert list_pod_cgroups(fs) == {}  # "u1" is no UID
+    uid = UIDS["bu"]
+    (bare / f"sys/fs/cgroup/kubepods/burstable/pod{uid}").mkdir()
+    (bare / f"var/log/pods/ns_p_{uid}").mkdir()
+    assert KubeletPodQoS(fs).read().classes == {("ns", "p"): QoS.BURSTABLE}
+    (bare / "var/lib/kubelet").mkdir(parents=True)
+    (bare / "var/lib/kubelet/config.yaml").write_text("podLogsDir: /data/pod-logs\n")
+    moved = KubeletPodQoS(fs).read()  # the kubelet's podLogsDir, which is empty
+    assert moved.classes == {} and "data/pod-logs" in moved.problems[0]
+
+
+async def test_the_exporter_counts_guaranteed_pods_by_their_cgroup(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, _ = node(tmp_path, 2, "cgroupfs")
+
+    class Kubelet:
+        async def get_allocatable(self) -> AllocatableResources:
+            return AllocatableResources(frozenset(range(8)))
+
+        async def list(self) -> list[PodResources]:
+            shared = ContainerResources("c", frozenset())
+            pods = [PodResources("ns", name, (shared,)) for name in ("gu", "bu", "be", "not-started")]
+            return [*pods, PodResources("ns", "gu-int", (ContainerResources("c", frozenset({2, 3})),))]
+
+    settings = AgentSettings(node_name="n1", host_root=root)
+    exporter = NrtExporter(settings, api_client_factory=lambda: None)
+    with caplog.at_level(logging.DEBUG, logger="rmd_agent.nrt.exporter"):
+        topology = await exporter.snapshot(Kubelet())  # type: ignore[arg-type]
+        await exporter.snapshot(Kubelet())  # type: ignore[arg-type]
+    assert topology.attribute(fingerprint.ATTRIBUTE) == fingerprint.fingerprint(
+        [("ns", "gu"), ("ns", "gu-int")]
+    )
+    unknown = [r.getMessage() for r in caplog.records if "no QoS class" in r.getMessage()]
+    assert unknown == ["no QoS class for pod ns/not-started: fingerprint decided from PodResources"]  # once
+
+    everything = NrtExporter(
+        AgentSettings(node_name="n1", host_root=root, nrt_pods_fingerprint_method="all"), lambda: None
+    )
+    assert everything.pod_qos is None
+    all_pods = await everything.snapshot(Kubelet())  # type: ignore[arg-type]
+    names = [("ns", n) for n in ("gu", "bu", "be", "not-started", "gu-int")]
+    assert all_pods.attribute(fingerprint.ATTRIBUTE) == fingerprint.fingerprint(names)
