@@ -38,6 +38,7 @@ from rmd_agent.engine_api import (
 from rmd_agent.errors import AgentError, CheckpointError, HostReadError
 from rmd_agent.hostfs import HostFS, Unsupported
 from rmd_agent.kubelet.checkpoints import read_cpu_manager_state
+from rmd_agent.kubelet.pod_lookup import PodLookup
 from rmd_agent.kubelet.podresources import PodResourcesClient
 from rmd_agent.observe.caches import L3Cache, read_l3_caches
 from rmd_agent.observe.cpus import read_online_cpus
@@ -46,7 +47,7 @@ from rmd_agent.observe.resctrl import RESCTRL, ResctrlState, read_resctrl
 from rmd_agent.plan.inventory import NodeInventory, PoolConfig
 from rmd_agent.plan.resctrl_layout import Layout, Operation, diff, plan_layout
 from rmd_agent.policy import Policy, PolicyBook, load_policy_file, platform_from_cpuinfo
-from rmd_agent.probe import probe_async
+from rmd_agent.probe import pod_lookup_finding, probe_async
 from rmd_agent.pstate import (
     CounterSource,
     CpufreqWriteError,
@@ -209,6 +210,7 @@ class NodeEngine:
         self._pstate: PStateController | None = None
         self._pstate_params: dict[str, tuple[frozenset[int], float, bool] | None] = {}
         self._pods: PodResourcesClient | None = None
+        self._lookup: PodLookup | None = None  # over _pods: Get, or List where the kubelet has no Get
         self._probe: tuple[float, dict[str, tuple[bool, str]]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -236,6 +238,7 @@ class NodeEngine:
                 timeout=self.settings.kubelet_timeout_seconds,
             )
             await self._pods.__aenter__()
+            self._lookup = PodLookup(self._pods)
             try:
                 await self._start_locked()
             except BaseException:
@@ -337,9 +340,14 @@ class NodeEngine:
             ways = inventory.l3.ways if inventory.l3 is not None else cache.ways
             caches.append(CacheDomainSummary(cache.id, cache.cpus, ways, free))
         assert self._probe is not None
+        capabilities = dict(self._probe[1])
+        if self._lookup is not None and self._lookup.api.get is not None:
+            # What pod lookups use now, not as of the last probe (up to PROBE_TTL_S ago).
+            lookup = pod_lookup_finding(self._lookup.api)
+            capabilities[lookup.feature] = (lookup.supported, lookup.detail)
         return NodeSummary(
             node_name=self.settings.node_name,
-            capabilities=dict(self._probe[1]),
+            capabilities=capabilities,
             cpus=len(facts.cpus),
             numa_nodes=facts.numa_nodes,
             caches=tuple(caches),
@@ -350,11 +358,13 @@ class NodeEngine:
 
     async def container_cpus(self, namespace: str, pod: str, uid: str, container: str) -> ContainerCpus:
         self._require_started()
-        assert self._pods is not None
-        found = await self._pods.get(namespace, pod)
+        assert self._lookup is not None
+        found = await self._lookup.find(namespace, pod)
         if found is None:
+            api = self._lookup.api
+            via = f" (PodResources {api.describe()})" if api.get is False else ""
             return ContainerCpus(
-                CpuState.NOT_YET_ALLOCATED, detail=f"the kubelet has no pod {namespace}/{pod}"
+                CpuState.NOT_YET_ALLOCATED, detail=f"the kubelet has no pod {namespace}/{pod}{via}"
             )
         entry = next((c for c in found.containers if c.name == container), None)
         if entry is None:
@@ -667,7 +677,7 @@ class NodeEngine:
     async def _refresh_probe(self, force: bool = False) -> None:
         if not force and self._probe is not None and time.monotonic() - self._probe[0] < PROBE_TTL_S:
             return
-        report = await probe_async(self.settings)
+        report = await probe_async(self.settings, lookup=self._lookup)
         self._probe = (time.monotonic(), {f.feature: (f.supported, f.detail) for f in report.findings})
 
     # -- hooks -----------------------------------------------------------------------------------------------

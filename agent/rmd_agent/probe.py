@@ -10,7 +10,8 @@ from pathlib import Path
 from rmd_agent.errors import AgentError
 from rmd_agent.hostfs import HostFS, Unsupported
 from rmd_agent.kubelet.config import read_kubelet_config
-from rmd_agent.kubelet.podresources import PodResourcesClient
+from rmd_agent.kubelet.pod_lookup import LookupApi, PodLookup
+from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient
 from rmd_agent.observe.caches import read_l3_caches
 from rmd_agent.observe.cgroups import read_cgroups
 from rmd_agent.observe.cpufreq import read_cpufreq
@@ -139,29 +140,62 @@ def _probe_kubelet_config(fs: HostFS, settings: AgentSettings) -> list[Finding]:
     return [cpu, topo]
 
 
-async def _probe_pod_resources(settings: AgentSettings) -> Finding:
+POD_LOOKUP = "podResourcesGet"
+
+
+def pod_lookup_finding(api: LookupApi) -> Finding:
+    """The `podResourcesGet` finding: which PodResources API pod lookups (GetContainerCpus) use."""
+    if api.get is None:
+        return _missing(POD_LOOKUP, "not known yet: the kubelet has not answered a Get")
+    if api.get:
+        return _found(POD_LOOKUP, "pod lookups use Get")
+    return _missing(
+        POD_LOOKUP,
+        f"pod lookups use {api.describe()}: the kubelet feature gate KubeletPodResourcesGet is off (on by "
+        "default from Kubernetes 1.34), or the kubelet predates Get (1.27); List works too, it answers with "
+        "every pod",
+    )
+
+
+async def _probe_pod_resources(settings: AgentSettings, lookup: PodLookup | None) -> list[Finding]:
     socket = settings.host_path(settings.pod_resources_socket)
     if not socket.exists():
-        return _missing(
-            "podResources",
-            f"{socket} does not exist (no kubelet on this node, or its pod-resources "
-            "directory is not mounted)",
+        why = (
+            f"{socket} does not exist (no kubelet on this node, or its pod-resources directory is not "
+            "mounted)"
         )
-    try:
-        async with PodResourcesClient(socket, timeout=settings.kubelet_timeout_seconds) as client:
+        return [_missing("podResources", why), _missing(POD_LOOKUP, f"not checked: {why}")]
+    async with PodResourcesClient(socket, timeout=settings.kubelet_timeout_seconds) as client:
+        try:
             pods = await client.list()
+        except AgentError as exc:
+            return [_missing("podResources", str(exc)), _missing(POD_LOOKUP, f"not checked: {exc}")]
+        listed = _found("podResources", f"{socket}: {len(pods)} pod(s) listed")
+        return [listed, await _probe_get(client, lookup, pods)]
+
+
+async def _probe_get(
+    client: PodResourcesClient, lookup: PodLookup | None, pods: list[PodResources]
+) -> Finding:
+    """What `lookup` (the engine's) knows; asking the kubelet only when it does not know yet."""
+    if lookup is not None and lookup.api.get is not None:
+        return pod_lookup_finding(lookup.api)
+    try:
+        api = await (lookup or PodLookup(client)).check(pods)
     except AgentError as exc:
-        return _missing("podResources", str(exc))
-    return _found("podResources", f"{socket}: {len(pods)} pod(s) listed")
+        return _missing(POD_LOOKUP, f"not checked: {exc}")
+    return pod_lookup_finding(api)
 
 
-async def probe_async(settings: AgentSettings) -> ProbeReport:
+async def probe_async(settings: AgentSettings, lookup: PodLookup | None = None) -> ProbeReport:
+    """The findings. `lookup` is the running agent's: its knowledge of Get is reported (and only checked with
+    the kubelet while it has none); without it, the probe asks the kubelet itself."""
     fs = HostFS(settings.host_root)
     findings = [
         *_probe_rdt(fs),
         *_probe_hardware(fs),
         *_probe_kubelet_config(fs, settings),
-        await _probe_pod_resources(settings),
+        *await _probe_pod_resources(settings, lookup),
     ]
     return ProbeReport(settings.node_name, str(Path(settings.host_root)), tuple(findings))
 

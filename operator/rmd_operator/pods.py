@@ -59,6 +59,8 @@ INVALID_REQUEST = "InvalidCacheRequest"
 IGNORED_ANNOTATION = "CacheAnnotationIgnored"
 APPLIED = "CacheWaysApplied"
 WORKLOAD_FAILED = "CacheWorkloadFailed"
+CPUS_UNKNOWN = "CacheWaysCpusUnknown"  # Warning: the container's CPUs cannot be had from the agent (yet)
+CPUS_FOUND = "CacheWaysCpusFound"  # Normal: they could after all, after such a Warning
 
 
 # -- what a pod asks for -------------------------------------------------------------------------------------
@@ -488,6 +490,95 @@ def on_failure(
         action = "the pod keeps running without it (delete_failed_pods is false)"
     message = f"container {container}: RmdWorkload {workload} failed on node {node}: {why}; {action}"
     return FailureDecision(delete_failed_pods, EventText("Warning", WORKLOAD_FAILED, message))
+
+
+# -- why a container's CPUs cannot be had -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuLookupProblem:
+    """Why the flow cannot get a container's CPUs from its node's agent. `key` (container and kind of trouble)
+    tells problems apart: the flow posts one Warning per pod and key, not one per retry."""
+
+    key: str
+    event: EventText
+
+
+_RETRYING = "; retrying"
+
+
+def _agent_lookup(container: str) -> str:
+    return f"container {container}: cannot get its exclusive CPUs from the rmd agent"
+
+
+def no_agent_problem(container: str, node: str, waited: float) -> CpuLookupProblem:
+    """No RmdNodeState with an endpoint for the pod's node, for `waited` seconds."""
+    return CpuLookupProblem(
+        f"{container}/no-agent",
+        EventText(
+            "Warning",
+            CPUS_UNKNOWN,
+            f"{_agent_lookup(container)}: no rmd agent has published an endpoint for node {node} for "
+            f"{waited:.0f}s. Check that the rmd-agent DaemonSet has a running pod on that node and that its "
+            f"RmdNodeState rmd-node-state-{node} shows an endpoint{_RETRYING}",
+        ),
+    )
+
+
+def call_failed_problem(
+    container: str, node: str, endpoint: str, code: str, message: str
+) -> CpuLookupProblem:
+    """GetContainerCpus failed: the agent is unreachable, its kubelet is, or the agent refused the call."""
+    answer = f"{code}: {message}" if message else code
+    if code == "UNAVAILABLE" and message.startswith("kubelet PodResources"):
+        # The agent answered, but could not ask its kubelet (rmd_agent.kubelet.podresources' message).
+        key = "kubelet"
+        text = (
+            f"{_agent_lookup(container)} of node {node}: the agent cannot ask the kubelet's PodResources API "
+            f"({answer}). Check that the kubelet runs on the node and that the agent pod mounts its "
+            "pod-resources directory; `rmd-agent probe` on the node (or the podResources and podResourcesGet "
+            f"capabilities in RmdNodeState rmd-node-state-{node}) shows what the agent sees"
+        )
+    elif code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        key = "agent-unreachable"
+        text = (
+            f"{_agent_lookup(container)} of node {node} at {endpoint}: {answer}. Check that the agent pod "
+            f"on that node runs and is ready (RmdNodeState rmd-node-state-{node}) and that the operator can "
+            f"reach {endpoint} (network policies, firewalls)"
+        )
+    elif code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        key = "agent-refused"
+        text = (
+            f"{_agent_lookup(container)} of node {node}: the agent refused the operator's call ({answer}). "
+            "Check the operator's client certificate and the agents' allowed clients (docs/security.md)"
+        )
+    else:
+        key = f"agent-error-{code}"
+        text = f"{_agent_lookup(container)} of node {node}: {answer}. See the agent's log on that node"
+    return CpuLookupProblem(f"{container}/{key}", EventText("Warning", CPUS_UNKNOWN, text + _RETRYING))
+
+
+def not_allocated_problem(container: str, node: str, detail: str, waited: float) -> CpuLookupProblem:
+    """The agent answered, but the kubelet reports no CPUs for the container yet, for `waited` seconds."""
+    return CpuLookupProblem(
+        f"{container}/not-allocated",
+        EventText(
+            "Warning",
+            CPUS_UNKNOWN,
+            f"container {container}: the kubelet of node {node} reports no CPUs for it after {waited:.0f}s "
+            f"({detail or 'no detail'}). Check that the pod was admitted and runs on that node (kubectl "
+            "describe pod); `rmd-agent probe` on the node (or RmdNodeState "
+            f"rmd-node-state-{node}) shows which PodResources API the agent uses{_RETRYING}",
+        ),
+    )
+
+
+def cpus_found_event(container: str, node: str, cpus: Iterable[int]) -> EventText:
+    return EventText(
+        "Normal",
+        CPUS_FOUND,
+        f"container {container}: the agent of node {node} reports its CPUs {format_cpu_list(cpus)} now",
+    )
 
 
 def pod_reference(pod: Mapping[str, Any]) -> dict[str, Any]:

@@ -819,12 +819,14 @@ async def test_node_summary(node: SimNode, start_engine: Any) -> None:
     assert summary.capabilities["rdtL3Cat"][0] and summary.capabilities["resctrlMounted"][0]
 
 
-async def test_container_cpus(node: SimNode, start_engine: Any) -> None:
+@pytest.mark.parametrize("get_enabled", [True, False], ids=["get", "get-disabled"])
+async def test_container_cpus(node: SimNode, start_engine: Any, get_enabled: bool) -> None:
+    """The same answers whether the kubelet offers PodResources Get or only List (its gate is off)."""
     engine = await start_engine(node)
     guaranteed = ContainerSpec(
         "app", cpu_request="2", cpu_limit="2", memory_request="1Gi", memory_limit="1Gi"
     )
-    async with SimKubelet.from_host_tree(node.host) as kubelet:
+    async with SimKubelet.from_host_tree(node.host, get_enabled=get_enabled) as kubelet:
         pod = kubelet.add_pod("default", "pinned", "uid-1", [guaranteed])
         kubelet.add_pod("default", "burst", "uid-2", [("app", "1", "2", "1Gi")])
         got = await engine.container_cpus("default", "pinned", "uid-1", "app")
@@ -838,6 +840,16 @@ async def test_container_cpus(node: SimNode, start_engine: Any) -> None:
         assert shared.state is CpuState.NOT_EXCLUSIVE
         stale = await engine.container_cpus("default", "pinned", "uid-old", "app")
         assert stale.state is CpuState.NOT_YET_ALLOCATED and "belong to pod uid uid-1" in stale.detail
+        # What lookups use, in the capabilities the RmdNodeState publishes.
+        supported, detail = (await engine.node()).capabilities["podResourcesGet"]
+        assert supported is get_enabled
+        if get_enabled:
+            assert detail == "pod lookups use Get"
+        else:
+            assert detail.startswith(
+                "pod lookups use List (Get disabled: PodResources API Get method disabled)"
+            )
+            assert "(PodResources List (Get disabled" in missing.detail
 
 
 def test_cross_check_against_the_checkpoint() -> None:

@@ -13,20 +13,26 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from rmd_agent.errors import KubeletUnavailable
+from rmd_agent.kubelet.pod_lookup import LookupApi, PodLookup
 from rmd_agent.kubelet.podresources import (
+    GET_DISABLED_MESSAGE,
     AllocatableResources,
     DeviceAssignment,
+    GetUnavailable,
     PodResources,
     PodResourcesCallFailed,
     PodResourcesClient,
+    get_unavailable,
 )
 from rmd_api.cpuset import format_cpu_list, parse_cpu_list
 from rmd_api.kubelet.checkpoint import decode_cpu_manager_state
+from rmd_api.kubelet.podresources.v1 import api_pb2
 from rmd_sim.hosttree import write_host_tree as write_generated_tree
 from rmd_sim.kubelet import (
     STATE_REL,
@@ -241,14 +247,208 @@ async def test_get_returns_one_pod_or_none(host_root: Path, not_found_code: grpc
             assert await client.get("elsewhere", "web") is None
 
 
-async def test_get_passes_on_other_errors(host_root: Path) -> None:
+async def test_get_disabled_raises_get_unavailable_with_the_kubelets_answer(host_root: Path) -> None:
     # Kubelets with the KubeletPodResourcesGet gate off answer Get with a plain (UNKNOWN) error.
     async with SimKubelet.from_host_tree(host_root, get_enabled=False) as sim:
         sim.add_pod("ns", "web", "uid-web", [guaranteed("app", "1")])
         async with PodResourcesClient(sim.socket_path) as client:
-            with pytest.raises(PodResourcesCallFailed, match="Get method disabled") as info:
+            with pytest.raises(GetUnavailable, match="Get method disabled") as info:
                 await client.get("ns", "web")
+            assert len(await client.list()) == 1  # List still answers
     assert info.value.code == grpc.StatusCode.UNKNOWN
+    assert info.value.details == GET_DISABLED_MESSAGE == "PodResources API Get method disabled"
+    assert isinstance(info.value, PodResourcesCallFailed)  # callers catching that still do
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "unavailable"),
+    [
+        # kubelet 1.27-1.35 with the gate off: fmt.Errorf in server_v1.go, UNKNOWN over the wire
+        (grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled", True),
+        # kubelet before 1.27: no such method (grpc-go's answer)
+        (grpc.StatusCode.UNIMPLEMENTED, "unknown method Get for service v1.PodResourcesLister", True),
+        # everything else is a real failure, not "no Get"
+        (grpc.StatusCode.UNKNOWN, "pod web in namespace ns not found", False),
+        (grpc.StatusCode.UNKNOWN, "PodResources API GetAllocatableResources disabled", False),
+        (grpc.StatusCode.UNKNOWN, "", False),
+        (grpc.StatusCode.INTERNAL, "PodResources API Get method disabled", False),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit", False),
+        (grpc.StatusCode.UNAVAILABLE, "connection refused", False),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", False),
+    ],
+)
+def test_only_the_no_get_answers_count_as_get_unavailable(
+    code: grpc.StatusCode, details: str, unavailable: bool
+) -> None:
+    assert get_unavailable(code, details) is unavailable
+
+
+# --- PodLookup: Get, or List where the kubelet has no Get ---
+
+
+class CountingClient(PodResourcesClient):
+    """Counts the calls PodLookup makes."""
+
+    def __init__(self, socket_path: Path, timeout: float = 2.0) -> None:
+        super().__init__(socket_path, timeout)
+        self.calls: list[str] = []
+
+    async def list(self) -> list[PodResources]:
+        self.calls.append("List")
+        return await super().list()
+
+    async def get(self, namespace: str, name: str) -> PodResources | None:
+        self.calls.append("Get")
+        return await super().get(namespace, name)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_lookup_uses_get_where_the_kubelet_offers_it(kubelet: SimKubelet) -> None:
+    kubelet.add_pod("ns", "web", "uid-web", [guaranteed("app", "2")])
+    async with CountingClient(kubelet.socket_path) as client:
+        lookup = PodLookup(client)
+        assert lookup.api == LookupApi(None) and lookup.api.describe() == "not known yet"
+        found = await lookup.find("ns", "web")
+        assert found is not None and found.containers[0].cpu_ids == kubelet.find_pod("ns", "web").cpus["app"]  # type: ignore[union-attr]
+        assert await lookup.find("ns", "missing") is None
+        assert client.calls == ["Get", "Get"]
+        assert lookup.api == LookupApi(True) and lookup.api.describe() == "Get"
+
+
+async def test_lookup_falls_back_to_list_and_remembers_it(host_root: Path) -> None:
+    clock = Clock()
+    sim = SimKubelet.from_host_tree(host_root, get_enabled=False)
+    async with sim, CountingClient(sim.socket_path) as client:
+        sim.add_pod("ns", "web", "uid-web", [guaranteed("app", "2")])
+        sim.add_pod("other", "web", "uid-other", [guaranteed("app", "1")])
+        lookup = PodLookup(client, recheck_seconds=600, clock=clock)
+        found = await lookup.find("ns", "web")
+        assert found is not None and (found.namespace, found.name) == ("ns", "web")
+        assert found.containers[0].cpu_ids == sim.find_pod("ns", "web").cpus["app"]  # type: ignore[union-attr]
+        assert client.calls == ["Get", "List"]
+        assert lookup.api == LookupApi(False, "PodResources API Get method disabled")
+        assert lookup.api.describe() == "List (Get disabled: PodResources API Get method disabled)"
+        # Later lookups go straight to List, and a pod it does not list is not there.
+        client.calls.clear()
+        assert await lookup.find("ns", "missing") is None
+        other = await lookup.find("other", "web")
+        assert other is not None and other.namespace == "other"
+        assert client.calls == ["List", "List"]
+        # The kubelet restarted with the gate on: noticed once the re-check is due, then Get again.
+        sim.get_enabled = True
+        clock.now += 599
+        await lookup.find("ns", "web")
+        assert client.calls[-1] == "List" and lookup.api.get is False
+        clock.now += 1
+        client.calls.clear()
+        assert await lookup.find("ns", "web") is not None
+        assert await lookup.find("ns", "web") is not None
+        assert client.calls == ["Get", "Get"]
+        assert lookup.api == LookupApi(True)
+        # ... and restarted with the gate off again: the next lookup falls back at once.
+        sim.get_enabled = False
+        client.calls.clear()
+        assert await lookup.find("ns", "web") is not None
+        assert client.calls == ["Get", "List"] and lookup.api.get is False
+
+
+async def test_a_recheck_that_finds_get_still_disabled_waits_another_interval(host_root: Path) -> None:
+    clock = Clock()
+    sim = SimKubelet.from_host_tree(host_root, get_enabled=False)
+    async with sim, CountingClient(sim.socket_path) as client:
+        lookup = PodLookup(client, recheck_seconds=60, clock=clock)
+        await lookup.find("ns", "web")
+        clock.now += 60
+        await lookup.find("ns", "web")  # Get asked again, still disabled
+        clock.now += 59
+        await lookup.find("ns", "web")
+        assert client.calls == ["Get", "List", "Get", "List", "List"]
+
+
+async def test_real_failures_are_passed_on_and_never_taken_for_no_get(host_root: Path) -> None:
+    # A stalled kubelet (deadline), a rate limit, a kubelet gone: errors, and the lookup still asks Get next.
+    sim = SimKubelet.from_host_tree(host_root, rate_limit=None)
+    async with sim, CountingClient(sim.socket_path, timeout=0.3) as client:
+        lookup = PodLookup(client)
+        sim.stall()
+        with pytest.raises(KubeletUnavailable, match="no answer within") as stalled:
+            await lookup.find("ns", "web")
+        assert not isinstance(stalled.value, GetUnavailable)
+        sim.resume()
+        assert lookup.api == LookupApi(None)
+        assert client.calls == ["Get"]  # not List: nothing said Get is unavailable
+    limited_sim = SimKubelet.from_host_tree(host_root, rate_limit=(0.001, 1))
+    async with limited_sim, CountingClient(limited_sim.socket_path) as client:
+        await client.list()  # the only token
+        lookup = PodLookup(client)
+        with pytest.raises(PodResourcesCallFailed, match="rejected by rate limit") as limited:
+            await lookup.find("ns", "web")
+        assert not isinstance(limited.value, GetUnavailable)
+        assert lookup.api == LookupApi(None)
+        assert client.calls == ["List", "Get"]
+    async with PodResourcesClient(sim.socket_path, timeout=0.3) as gone:  # the servers are stopped
+        lookup = PodLookup(gone)
+        with pytest.raises(KubeletUnavailable, match="unreachable"):
+            await lookup.find("ns", "web")
+        with pytest.raises(KubeletUnavailable, match="unreachable"):
+            await lookup.check()
+        assert lookup.api == LookupApi(None)
+
+
+async def test_check_finds_out_without_a_lookup(host_root: Path) -> None:
+    for enabled in (True, False):
+        sim = SimKubelet.from_host_tree(host_root, get_enabled=enabled)
+        async with sim, CountingClient(sim.socket_path) as client:
+            lookup = PodLookup(client)
+            assert (await lookup.check()).get is enabled  # no pod: a made-up name is asked for
+            sim.add_pod("ns", "web", "uid-web", [guaranteed("app", "1")])
+            client.calls.clear()
+            assert (await lookup.check(await client.list())).get is enabled
+            assert client.calls == ["List", "Get"]
+
+
+async def test_lookup_falls_back_on_a_kubelet_without_get(host_root: Path) -> None:
+    """A kubelet older than 1.27 has no Get method at all: gRPC answers UNIMPLEMENTED."""
+
+    async def list_pods(request: api_pb2.ListPodResourcesRequest, context: object) -> Any:
+        pod = api_pb2.PodResources(
+            name="web", namespace="ns", containers=[api_pb2.ContainerResources(name="app", cpu_ids=[3])]
+        )
+        return api_pb2.ListPodResourcesResponse(pod_resources=[pod])
+
+    handler = grpc.method_handlers_generic_handler(
+        "v1.PodResourcesLister",
+        {
+            "List": grpc.unary_unary_rpc_method_handler(
+                list_pods,
+                request_deserializer=api_pb2.ListPodResourcesRequest.FromString,
+                response_serializer=api_pb2.ListPodResourcesResponse.SerializeToString,
+            )
+        },
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    socket_path = host_root / "old-kubelet.sock"
+    server.add_insecure_port(f"unix://{socket_path}")
+    await server.start()
+    try:
+        async with PodResourcesClient(socket_path) as client:
+            with pytest.raises(GetUnavailable) as info:
+                await client.get("ns", "web")
+            assert info.value.code == grpc.StatusCode.UNIMPLEMENTED
+            lookup = PodLookup(client)
+            found = await lookup.find("ns", "web")
+            assert found is not None and found.containers[0].cpu_ids == frozenset({3})
+            assert lookup.api.get is False and lookup.api.kubelet_message == info.value.details
+    finally:
+        await server.stop(None)
 
 
 # --- failures ---
@@ -420,10 +620,13 @@ def test_qos_class_like_kubernetes(containers: list[ContainerSpec | tuple[str, .
 # --- standalone server ---
 
 
-async def test_standalone_server_serves_until_terminated(host_root: Path) -> None:
+@pytest.mark.parametrize("get_disabled", [False, True], ids=["get", "get-disabled"])
+async def test_standalone_server_serves_until_terminated(host_root: Path, get_disabled: bool) -> None:
     socket_path = host_root / "var/lib/kubelet/pod-resources/kubelet.sock"
+    flags = ("--get-disabled",) if get_disabled else ()
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "rmd_sim.kubelet", "--host-root", str(host_root), "--reserved-cpus", "1,5"),
+        *flags,
         stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -437,6 +640,11 @@ async def test_standalone_server_serves_until_terminated(host_root: Path) -> Non
                 except KubeletUnavailable:
                     assert time.monotonic() < deadline, "server did not answer within 20s"
                     await asyncio.sleep(0.1)
+            if get_disabled:
+                with pytest.raises(GetUnavailable, match="PodResources API Get method disabled"):
+                    await client.get("ns", "web")
+            else:
+                assert await client.get("ns", "web") is None
         assert allocatable.cpu_ids == ALL_CPUS - {1, 5}
     finally:
         if proc.returncode is None:

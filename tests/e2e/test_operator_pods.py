@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 from rmd_api.cpuset import parse_cpu_list
-from rmd_sim.cluster import SimCluster
+from rmd_sim.cluster import SYSTEM_NAMESPACE, SimCluster
 from rmd_sim.control_plane import BinariesNotFound, find_bin_dir, repo_root
 from rmd_sim.node import SimNode
 
@@ -473,3 +473,77 @@ async def test_with_delete_failed_pods_false_the_pod_stays(
         cluster.operator_settings.pop("delete_failed_pods", None)
         await cluster.stop_operator()
         await cluster.start_operator()
+
+
+# -- the kubelet's PodResources API ------------------------------------------------------------------------
+
+
+def pod_lookup_capability(api: Any, node: str) -> Obj | None:
+    """What the node's RmdNodeState says pod lookups use (capability podResourcesGet)."""
+    state = objects_api(api).get_namespaced_custom_object(
+        GROUP, VERSION, SYSTEM_NAMESPACE, "rmdnodestates", f"rmd-node-state-{node}"
+    )
+    entry: Obj | None = ((state.get("status") or {}).get("capabilities") or {}).get("podResourcesGet")
+    return entry
+
+
+async def test_a_kubelet_without_podresources_get_still_gives_pods_their_workloads(
+    cluster: SimCluster, api: Any, new_namespace: Callable[[], str]
+) -> None:
+    """A kubelet whose KubeletPodResourcesGet gate is off (the default before 1.34) answers Get with
+    UNKNOWN "PodResources API Get method disabled": the agent looks the pod up with List instead."""
+    namespace = new_namespace()
+    node = cluster.nodes[sorted(cluster.nodes)[0]]
+    assert node.kubelet is not None
+    node.kubelet.get_enabled = False  # as if restarted with the gate off
+    try:
+        body = pod_body("no-get", guaranteed_container("app", cpus=1, ways=1), node=node.name)
+        name = await asyncio.to_thread(create_pod, api, namespace, body)
+        workload = await successful(cluster, api, namespace, f"{name}-rmd-workload-app", node.name)
+        assert core_ids(workload) == kubelet_cpus(node, namespace, name, "app")
+        entry = await eventually(
+            cluster,
+            lambda: (e := pod_lookup_capability(api, node.name)) and e["supported"] is False and e,
+            f"RmdNodeState of {node.name} to say pod lookups use List",
+        )
+        assert entry["detail"].startswith(
+            "pod lookups use List (Get disabled: PodResources API Get method disabled)"
+        )
+        assert event_with(api, namespace, name, "CacheWaysCpusUnknown") is None  # nothing went wrong
+    finally:
+        node.kubelet.get_enabled = True
+    await asyncio.to_thread(core_api(api).delete_namespaced_pod, name, namespace)
+
+
+async def test_a_pod_whose_cpus_cannot_be_had_gets_one_warning_then_its_workload(
+    cluster: SimCluster, api: Any, new_namespace: Callable[[], str]
+) -> None:
+    """The node's kubelet does not answer PodResources: the agent answers UNAVAILABLE, the operator posts one
+    Warning on the pod saying why (however often it retries), and goes on once the kubelet answers."""
+    namespace = new_namespace()
+    node = cluster.nodes[sorted(cluster.nodes)[-1]]
+    assert node.kubelet is not None
+    node.kubelet.stall()
+    try:
+        body = pod_body("stalled", guaranteed_container("app", cpus=1, ways=1), node=node.name)
+        name = await asyncio.to_thread(create_pod, api, namespace, body)
+        warning = await eventually(
+            cluster,
+            lambda: event_with(api, namespace, name, "CacheWaysCpusUnknown"),
+            "the pod's Warning that its CPUs cannot be had",
+        )
+        assert warning.type == "Warning" and warning.source.component == "rmd-operator"
+        assert f"from the rmd agent of node {node.name}" in warning.message
+        assert "cannot ask the kubelet's PodResources API" in warning.message
+        assert "no answer within" in warning.message and warning.message.endswith("; retrying")
+        await asyncio.sleep(6)  # several retries (FAST: 0.5 s doubling to 2 s)
+        reasons = [e.reason for e in await asyncio.to_thread(events_of, api, namespace, name)]
+        assert reasons.count("CacheWaysCpusUnknown") == 1, reasons
+    finally:
+        node.kubelet.resume()
+    await successful(cluster, api, namespace, f"{name}-rmd-workload-app", node.name)
+    found = await eventually(
+        cluster, lambda: event_with(api, namespace, name, "CacheWaysCpusFound"), "the pod's CpusFound Event"
+    )
+    assert found.type == "Normal"
+    await asyncio.to_thread(core_api(api).delete_namespaced_pod, name, namespace)

@@ -8,7 +8,8 @@ policy.
 
 Errors: every call has a deadline. An unreachable socket or a missed deadline raises KubeletUnavailable;
 any other failed call raises PodResourcesCallFailed (also a KubeletUnavailable, carrying the gRPC status).
-`get()` returns None for a pod the kubelet does not know, instead of raising.
+`get()` returns None for a pod the kubelet does not know, instead of raising, and raises GetUnavailable when
+the kubelet does not offer Get at all (rmd_agent.kubelet.pod_lookup then falls back to `list()`).
 """
 
 from __future__ import annotations
@@ -33,13 +34,32 @@ _STUB_CLASS: Any = api_pb2_grpc.PodResourcesListerStub  # generated without anno
 # Codes meaning "nobody answered in time", as opposed to "the kubelet answered with an error".
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
+# What a kubelet whose KubeletPodResourcesGet feature gate is off (1.27 to 1.35; off by default before 1.34)
+# answers Get: a plain Go error, which gRPC sends as status UNKNOWN with exactly this message
+# (pkg/kubelet/apis/podresources/server_v1.go). From 1.36 the gate is GA and locked on.
+GET_DISABLED_MESSAGE = "PodResources API Get method disabled"
+
 
 class PodResourcesCallFailed(KubeletUnavailable):
-    """The kubelet answered a PodResources call with an error status (rate limit, method disabled, ...)."""
+    """The kubelet answered a PodResources call with an error status (rate limit, method disabled, ...).
+    `details` is the kubelet's own message."""
 
-    def __init__(self, message: str, code: grpc.StatusCode) -> None:
+    def __init__(self, message: str, code: grpc.StatusCode, details: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.details = details
+
+
+class GetUnavailable(PodResourcesCallFailed):
+    """The kubelet does not offer Get: its KubeletPodResourcesGet gate is off, or it predates Get (before
+    1.27: UNIMPLEMENTED). Not a transient failure: List still answers."""
+
+
+def get_unavailable(code: grpc.StatusCode, details: str) -> bool:
+    """Whether a failed Get means "this kubelet does not offer Get" (as opposed to any other failure)."""
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return True
+    return code == grpc.StatusCode.UNKNOWN and details.strip() == GET_DISABLED_MESSAGE
 
 
 @dataclass(frozen=True)
@@ -136,16 +156,19 @@ class PodResourcesClient:
         """One pod's resources, or None if the kubelet has no such pod.
 
         The kubelet reports a missing pod as a plain error "pod <name> in namespace <ns> not found" (status
-        UNKNOWN over the wire), so that message is recognised as well as the NOT_FOUND status.
+        UNKNOWN over the wire), so that message is recognised as well as the NOT_FOUND status. A kubelet that
+        does not offer Get raises GetUnavailable.
         """
         request = api_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace)
         try:
             response = await self._call("Get", request)
         except PodResourcesCallFailed as exc:
             if exc.code == grpc.StatusCode.NOT_FOUND or (
-                exc.code == grpc.StatusCode.UNKNOWN and _not_found_message(namespace, name) in str(exc)
+                exc.code == grpc.StatusCode.UNKNOWN and _not_found_message(namespace, name) in exc.details
             ):
                 return None
+            if get_unavailable(exc.code, exc.details):
+                raise GetUnavailable(str(exc), exc.code, exc.details) from exc
             raise
         return _pod(response.pod_resources)
 
@@ -161,7 +184,8 @@ class PodResourcesClient:
                 raise KubeletUnavailable(f"{where}: no answer within {self.timeout:g}s") from exc
             if code in _UNREACHABLE:
                 raise KubeletUnavailable(f"{where}: unreachable ({exc.details()})") from exc
-            raise PodResourcesCallFailed(f"{where}: {code.name}: {exc.details()}", code) from exc
+            details = exc.details() or ""
+            raise PodResourcesCallFailed(f"{where}: {code.name}: {details}", code, details) from exc
 
 
 def _not_found_message(namespace: str, name: str) -> str:
