@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the test control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd) and helm from
+# Build the test control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd), the kubelet
+# of the real-node tier and helm from
 # the Go module proxy into a cache directory outside the repository, keyed by what determines the
 # binaries. A second run with the same key only checks the cache and returns in well under a second.
 #
@@ -20,7 +21,7 @@ cache_root=${RMD_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rmd-k8s}
 key=$( { go version; cat "$here"/k8s/go.{mod,sum} "$here"/etcd/go.{mod,sum} "$here"/helm/go.{mod,sum} "$0"; } \
        | sha256sum | cut -c1-12)
 bin_dir="$cache_root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-$key"
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet etcd helm)
 
 complete() {
   for b in "${binaries[@]}"; do [ -x "$bin_dir/$b" ] || return 1; done
@@ -78,7 +79,7 @@ mv "$bin_dir.partial/server" "$bin_dir.partial/etcd"  # go names the main packag
 build helm helm "$helm_ldflags" helm.sh/helm/v3/cmd/helm
 build k8s kubernetes "$k8s_ldflags" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet
 
 rm -rf "$bin_dir"
 mv "$bin_dir.partial" "$bin_dir"

@@ -173,9 +173,17 @@ class Signer:
                 critical=True,
             )
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
-            )
+            .add_extension(self._authority_key_identifier(), critical=False)
         )
         cert = builder.sign(self.key, hashes.SHA256())
         return cert.public_bytes(serialization.Encoding.PEM)
+
+    def _authority_key_identifier(self) -> x509.AuthorityKeyIdentifier:
+        """The CA's own subject key identifier. Verifiers look the issuer up by it, and it need not be the
+        SHA-1 of the key: helm's genCA (the chart's CA) makes another, and a computed one failed every
+        handshake."""
+        try:
+            ski = self.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+        except x509.ExtensionNotFound:
+            return x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key())
+        return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)

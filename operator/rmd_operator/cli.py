@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 
@@ -82,6 +82,14 @@ def kopf_arguments(settings: OperatorSettings) -> list[str]:
     return args
 
 
+def name_user_for_kopf(environ: MutableMapping[str, str]) -> None:
+    """kopf names itself <user>@<host> through getpass.getuser(), which looks the uid up in /etc/passwd when
+    LOGNAME and USER are unset, and fails for a uid without an entry (the image's 65532, OpenShift's random
+    uids): the operator pod crashed at start on a real node. Name the user when the environment does not."""
+    if not environ.get("LOGNAME") and not environ.get("USER"):
+        environ["USER"] = "rmd-operator"
+
+
 def _run(settings: OperatorSettings) -> int:
     import kopf.cli
 
@@ -90,6 +98,7 @@ def _run(settings: OperatorSettings) -> int:
     if not settings.insecure_agents:
         read_tls_material(settings)  # fail fast (exit 2) on unreadable certificates, before any connection
     activate(settings)
+    name_user_for_kopf(os.environ)
     kopf.cli.main.main(args=kopf_arguments(settings), prog_name="rmd-operator", standalone_mode=False)
     return 0
 

@@ -8,7 +8,10 @@ For each pod (by uid) whose request changed:
    configure nothing;
 2. per qualifying container, concurrently:
    a. its CPUs from the node's agent (GetContainerCpus), retried until the kubelet has allocated them (and
-      while the agent is unreachable);
+      while the agent is unreachable, with backoff). A failed call gives a Warning Event at once, and so
+      does a node without an agent or a kubelet reporting no CPUs for the container after
+      _QUIET_SECONDS (normal for a moment after scheduling); each kind of trouble once per container, not
+      once per retry. Getting the CPUs after such a Warning gives a Normal Event;
    b. an RmdWorkload of that name owned by an earlier pod of the same name (a StatefulSet's) is deleted and
       waited out; one that is not a pod's is left alone (Event);
    c. if the agent still holds another workload on those CPUs (the previous pod's, released only after the
@@ -54,6 +57,9 @@ _RELEASE_WAIT_SECONDS = 30.0  # after this, the RmdWorkload is created anyway (a
 # While a container's CPUs are not allocated, check this often that its pod still exists: a deletion the
 # watch missed (its connection was down) would otherwise leave the flow asking forever.
 _POD_CHECK_SECONDS = 60.0
+# A node without an agent, or a container the kubelet reports no CPUs for, is normal for a moment (the
+# operator starting, the pod just scheduled); a Warning Event only when it lasts this long.
+_QUIET_SECONDS = 30.0
 _REQUEST_TIMEOUT_SECONDS = 30.0
 
 Obj = dict[str, Any]
@@ -94,6 +100,9 @@ class PodObjects(Protocol):
 
     async def pod_uid(self, namespace: str, name: str) -> str | None:
         """The uid of the pod of that name, None if there is none."""
+
+    async def container_started(self, namespace: str, name: str, uid: str, container: str) -> bool:
+        """Whether the pod with `uid` shows the container started (running or ended) in its status."""
 
 
 # -- the I/O implementations -------------------------------------------------------------------------------
@@ -197,6 +206,17 @@ class PodObjectsApi:
         )
         return None if found is None else str((found.get("metadata") or {}).get("uid") or "")
 
+    async def container_started(self, namespace: str, name: str, uid: str, container: str) -> bool:
+        found = await self._call(
+            f"read pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace
+        )
+        if found is None or (found.get("metadata") or {}).get("uid") != uid:
+            return False
+        statuses = (found.get("status") or {}).get("containerStatuses") or []
+        status: dict[str, Any] = next((s for s in statuses if s.get("name") == container), {})
+        state = status.get("state") or {}
+        return bool(status.get("started") or state.get("running") or state.get("terminated"))
+
     async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
         deleted = await self._call(
             f"delete pod {namespace}/{name}",
@@ -222,6 +242,7 @@ class _Pod:
     states: dict[str, str] = field(default_factory=dict)  # container -> last status seen on the node
     written: set[str] = field(default_factory=set)  # containers whose workload this process wrote
     posted: set[tuple[str, str]] = field(default_factory=set)  # (reason, message) of refusals posted
+    troubles: set[str] = field(default_factory=set)  # keys of CpuLookupProblems posted
     stopping: bool = False  # terminating or finished: nothing is created any more
     deleting: bool = False  # the flow deleted the pod
 
@@ -502,14 +523,20 @@ class PodFlow:
         failure is handled) or the pod turned out to be gone."""
         request = pod.request
         short, unreachable = _ALLOCATION_POLL[0], self._settings.retry_initial_seconds
-        check_at = self._clock() + _POD_CHECK_SECONDS
+        started = self._clock()
+        check_at = started + _POD_CHECK_SECONDS
+        warned = False  # a Warning about this container's CPUs is out
         while True:
             if self._clock() >= check_at:
                 check_at = self._clock() + _POD_CHECK_SECONDS
                 if not await self._still_there(pod):
                     return None
+            waited = self._clock() - started
             agent = self._node_agents.get(request.node)
             if agent is None or not agent.endpoint:
+                if waited >= _QUIET_SECONDS:
+                    self._trouble(pod, pods.no_agent_problem(want.container, request.node, waited))
+                    warned = True
                 await self._nap(pod, short)
                 short = min(short * 2, _ALLOCATION_POLL[1])
                 continue
@@ -531,18 +558,48 @@ class PodFlow:
                     exc,
                     extra={"node": request.node, "error": str(exc)},
                 )
+                problem = pods.call_failed_problem(
+                    want.container, request.node, agent.endpoint, exc.code, exc.message
+                )
+                self._trouble(pod, problem)
+                warned = True
                 await self._nap(pod, unreachable)
                 unreachable = min(unreachable * 2, self._settings.retry_max_seconds)
                 continue
+            unreachable = self._settings.retry_initial_seconds
             state = agent_pb2.GetContainerCpusResponse
             if answer.state == state.ALLOCATED and answer.cpus:
+                if warned:
+                    self._event(pod, pods.cpus_found_event(want.container, request.node, answer.cpus))
                 return sorted(answer.cpus)
-            if answer.state == state.NOT_EXCLUSIVE:
+            # A real kubelet lists an admitted container in PodResources a moment before its CPU manager
+            # allocates (seen on a real node: the pod was failed and deleted in that window). The CPUs are
+            # allocated before the container starts, so only a started container without them is final.
+            if answer.state == state.NOT_EXCLUSIVE and await self._objects.container_started(
+                request.namespace, request.name, request.uid, want.container
+            ):
                 why = f"the kubelet gave the container no exclusive CPUs ({answer.detail})"
                 self._failed(pod, want.container, name, why)
                 return None
+            if waited >= _QUIET_SECONDS:
+                problem = pods.not_allocated_problem(want.container, request.node, answer.detail, waited)
+                self._trouble(pod, problem)
+                warned = True
             await self._nap(pod, short)
             short = min(short * 2, _ALLOCATION_POLL[1])
+
+    def _trouble(self, pod: _Pod, problem: pods.CpuLookupProblem) -> None:
+        """Post the problem's Warning, unless one with its key was posted for the pod already."""
+        if problem.key not in pod.troubles:
+            pod.troubles.add(problem.key)
+            self._event(pod, problem.event)
+            log.warning(
+                "pod %s/%s: %s",
+                pod.request.namespace,
+                pod.request.name,
+                problem.event.message,
+                extra={"pod": f"{pod.request.namespace}/{pod.request.name}", "reason": problem.event.reason},
+            )
 
     async def _still_there(self, pod: _Pod) -> bool:
         """Whether the pod still exists; forgets it if not."""

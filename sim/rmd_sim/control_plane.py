@@ -41,10 +41,23 @@ REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubec
 CLUSTER_NAME = "rmd-test"
 ADMIN_USER = "rmd-admin"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"  # the first address of the range: the API server's own Service
+IN_CLUSTER_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc")
 # Garbage collection and namespace deletion are what envtest-style setups lack; the service-account
 # controller creates each namespace's "default" ServiceAccount, which the (enabled) ServiceAccount admission
 # plugin requires before any Pod can be created. Names from `kube-controller-manager --help`.
 DEFAULT_CONTROLLERS = ("garbage-collector-controller", "namespace-controller", "serviceaccount-controller")
+# What pods on a real kubelet need on top (reference: real-kubelet.md): kube-root-ca.crt in every namespace
+# (the projected service-account volume mounts it), the not-ready taint of a new Node removed, and the
+# workload controllers of the chart's own pods.
+REAL_NODE_CONTROLLERS = (
+    *DEFAULT_CONTROLLERS,
+    "root-ca-certificate-publisher-controller",
+    "node-lifecycle-controller",
+    "daemonset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+)
 CRD_FIELD_MANAGER = "rmd-control-plane"
 
 _STOP_GRACE_SECONDS = 10.0
@@ -129,7 +142,7 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
     return setup
 
 
-class _Process:
+class ManagedProcess:
     """One component: started in its own process group, output appended to its log file."""
 
     def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
@@ -197,7 +210,7 @@ class _Process:
         _running.discard(self)
 
 
-_running: set[_Process] = set()
+_running: set[ManagedProcess] = set()
 
 
 @atexit.register
@@ -224,7 +237,7 @@ def _http_get(port: int, path: str, context: ssl.SSLContext | None = None) -> tu
         conn.close()
 
 
-def _wait_until(proc: _Process, ready: Callable[[], bool], deadline: float, what: str) -> None:
+def _wait_until(proc: ManagedProcess, ready: Callable[[], bool], deadline: float, what: str) -> None:
     while True:
         proc.raise_if_exited()
         with contextlib.suppress(OSError, http.client.HTTPException):
@@ -335,7 +348,7 @@ class ControlPlane:
         self._start_timeout = start_timeout
         self._ca: pki.CertificateAuthority | None = None
         self._apiserver_port: int | None = None
-        self._processes: list[_Process] = []
+        self._processes: list[ManagedProcess] = []
 
     # -- lifecycle
 
@@ -411,11 +424,21 @@ class ControlPlane:
 
     def _write_pki(self) -> None:
         self._ca = ca = pki.CertificateAuthority(f"{CLUSTER_NAME}-ca")
-        serving = ca.issue_server("kube-apiserver", dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+        # Also the in-cluster names: pods on a real node reach the API server at the `kubernetes` Service's
+        # cluster IP (the real node's namespace forwards it here, as kube-proxy would).
+        serving = ca.issue_server(
+            "kube-apiserver",
+            dns_names=["localhost", *IN_CLUSTER_NAMES],
+            ip_addresses=["127.0.0.1", KUBERNETES_SERVICE_IP],
+        )
         self.pki_dir.mkdir(parents=True, exist_ok=True)
         (self.pki_dir / "ca.crt").write_bytes(ca.cert_pem)
         (self.pki_dir / "apiserver.crt").write_bytes(serving.cert_pem)
         _write_private(self.pki_dir / "apiserver.key", serving.key_pem)
+        # What the API server presents to kubelets (logs, exec); real kubelets trust this CA for clients.
+        kubelet_client = ca.issue_client("kube-apiserver-kubelet-client", ["system:masters"])
+        (self.pki_dir / "kubelet-client.crt").write_bytes(kubelet_client.cert_pem)
+        _write_private(self.pki_dir / "kubelet-client.key", kubelet_client.key_pem)
         # One RSA key: the API server signs service-account tokens with it and verifies them with it.
         _write_private(self.pki_dir / "service-account.key", pki.service_account_key_pem())
         _write_private(self.kubeconfig, self._kubeconfig_yaml(ADMIN_USER, ["system:masters"]))
@@ -436,8 +459,8 @@ class ControlPlane:
         config = kubeconfig_dict(self.server_url, self._ca.cert_pem, user, client)
         return yaml.safe_dump(config, sort_keys=False).encode()
 
-    def _launch(self, name: str, argv: Sequence[str]) -> _Process:
-        proc = _Process(name, [str(self.bin_dir / name), *argv], self.logs_dir / f"{name}.log")
+    def _launch(self, name: str, argv: Sequence[str]) -> ManagedProcess:
+        proc = ManagedProcess(name, [str(self.bin_dir / name), *argv], self.logs_dir / f"{name}.log")
         self._processes.append(proc)
         proc.start()
         return proc
@@ -479,6 +502,10 @@ class ControlPlane:
                 f"--tls-cert-file={self.pki_dir / 'apiserver.crt'}",
                 f"--tls-private-key-file={self.pki_dir / 'apiserver.key'}",
                 f"--client-ca-file={self.pki_dir / 'ca.crt'}",
+                # Kubelets are reached at their node address (no DNS for node names here).
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={self.pki_dir / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={self.pki_dir / 'kubelet-client.key'}",
                 "--authorization-mode=RBAC",
                 f"--service-account-issuer={self.server_url}",
                 f"--service-account-key-file={sa_key}",

@@ -109,6 +109,35 @@ def test_the_signed_certificate_serves_that_name_only_and_the_agent_keeps_it_unt
     assert renewal_reason(None, "rmd-agent.n1", NOW) == "no certificate yet"
 
 
+def test_the_signature_names_the_ca_by_its_own_key_identifier() -> None:
+    """helm's genCA (the chart's CA) gives its certificate a subject key identifier that is not the SHA-1 of
+    its key; an authority key identifier computed from the key then matches no CA, and OpenSSL/BoringSSL fail
+    the handshake with "unable to get local issuer certificate" (seen on a real node)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rmd RMD CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(NOW - datetime.timedelta(days=1))
+        .not_valid_after(NOW + datetime.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier(b"\x6d" * 20), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    _, pem = new_request("rmd-agent.n1")
+    obj = csr(pem)
+    cert = x509.load_pem_x509_certificate(Signer.from_pem(ca_pem, key_pem).sign(obj, judge(obj), NOW))
+    aki = cert.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    assert aki.key_identifier == b"\x6d" * 20
+
+
 def test_serve_refuses_tls_csr_without_a_node_or_with_too_short_a_lifetime() -> None:
     with pytest.raises(ConfigError, match="needs node_name"):
         check_serve_settings(AgentSettings(tls_csr=True))

@@ -5,9 +5,11 @@ the builds are multi-stage and the final stage carries only the interpreter and 
 are installed from image-requirements.txt with hashes only, only the needed sources are copied (and the
 ignore file lets nothing else into the context), and the operator runs as a non-root numeric user.
 
-The build test runs unless RMD_BUILD_IMAGES=0 (2.5 to 3.5 minutes on 2 cores, network to a Debian mirror
-and PyPI; ./dev installs buildah and debootstrap): buildah builds both images with chroot isolation from a
-base image bootstrapped here with debootstrap, or from RMD_IMAGE_BASE, then runs each image's program once.
+The build test runs unless RMD_BUILD_IMAGES=0 (2.5 to 3.5 minutes on 2 cores when cold, network to a Debian
+mirror and PyPI; ./dev installs buildah and debootstrap): rmd_sim.realnode.images builds both images with
+buildah and chroot isolation from a base image bootstrapped here with debootstrap, or from RMD_IMAGE_BASE,
+and keeps them by content hash (the real-node tier installs the same images); then each image's program runs
+once.
 Chroot isolation needs no OCI runtime or cgroups (crun refuses this machine's hybrid cgroup layout);
 $PIP_CERT, when set, is mounted for the build only (a private CA in front of PyPI).
 """
@@ -19,15 +21,15 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import tomllib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from packaging.requirements import Requirement
+
+from rmd_sim.realnode import images
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "image-requirements.txt"
@@ -251,7 +253,6 @@ def test_lock_pins_every_dependency_within_its_range() -> None:
 # -- the opt-in build ------------------------------------------------------------------------------------
 
 BUILD = os.environ.get("RMD_BUILD_IMAGES", "1") != "0"
-DEBIAN_MIRROR = os.environ.get("RMD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
 
 def _run(*cmd: str, timeout: float = 900) -> str:
@@ -260,57 +261,17 @@ def _run(*cmd: str, timeout: float = 900) -> str:
     return result.stdout
 
 
-@pytest.fixture(scope="module")
-def base_image() -> Iterator[str]:
-    """RMD_IMAGE_BASE, or Debian 12 bootstrapped here (debootstrap minbase) and imported into buildah."""
-    if os.environ.get("RMD_IMAGE_BASE"):
-        yield os.environ["RMD_IMAGE_BASE"]
-        return
-    if shutil.which("debootstrap") is None or os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail("CI builds the images: debootstrap (run as root) is missing; ./dev installs it")
-        pytest.skip("no RMD_IMAGE_BASE, and no debootstrap (or not root) to bootstrap one")
-    with tempfile.TemporaryDirectory(prefix="rmd-base-", dir="/var/tmp") as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        _run("debootstrap", "--variant=minbase", "bookworm", str(rootfs), DEBIAN_MIRROR)
-        shutil.rmtree(rootfs / "var/lib/apt/lists", ignore_errors=True)
-        for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
-            deb.unlink()
-        tarball = Path(tmp) / "rootfs.tar"
-        _run("tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball), ".")
-        container = _run("buildah", "from", "scratch").strip()
-        try:
-            _run("buildah", "add", container, str(tarball), "/")
-            _run("buildah", "commit", "--quiet", container, "localhost/rmd-test-base:bookworm")
-        finally:
-            _run("buildah", "rm", container)
-    try:
-        yield "localhost/rmd-test-base:bookworm"
-    finally:
-        subprocess.run(
-            ["buildah", "rmi", "localhost/rmd-test-base:bookworm"], capture_output=True, check=False
-        )
-
-
 @pytest.mark.skipif(not BUILD, reason="RMD_BUILD_IMAGES=0: image builds skipped")
 @pytest.mark.parametrize("image", sorted(IMAGES))
 @pytest.mark.timeout(1800)
-def test_image_builds_and_runs(image: str, base_image: str) -> None:
-    if shutil.which("buildah") is None:
+def test_image_builds_and_runs(image: str) -> None:
+    missing = [tool for tool in ("buildah", "debootstrap") if shutil.which(tool) is None]
+    if missing or os.geteuid() != 0:
         if os.environ.get("CI"):
-            pytest.fail("CI builds the images: buildah is missing; ./dev installs it")
-        pytest.skip("buildah is not installed (apt-get install buildah)")
-    tag = f"localhost/rmd-{image}:test"
-    cmd = ["buildah", "build", "--isolation", "chroot", "--pull=never", "--layers=false"]
-    cmd += ["-f", str(IMAGES[image]), "--build-arg", f"BASE_IMAGE={base_image}", "-t", tag]
-    if os.environ.get("PIP_CERT"):  # a private CA for PyPI traffic: mount it for the build only
-        cmd += [
-            "-v",
-            f"{os.environ['PIP_CERT']}:/run/rmd-build-ca.crt:ro",
-            "--build-arg",
-            "PIP_CERT=/run/rmd-build-ca.crt",
-        ]
-    _run(*cmd, str(REPO), timeout=1500)
+            pytest.fail(f"CI builds the images: {missing or 'root'} is missing; ./dev installs it")
+        pytest.skip(f"cannot build images here: {missing or 'not root'}")
+    # The builder the real-node tier uses: the same build, kept in buildah's storage by content hash.
+    tag = images.product_image(image, REPO)
     config = json.loads(_run("buildah", "inspect", "--type", "image", tag))["OCIv1"]["config"]
     assert config["Entrypoint"] == [f"/opt/rmd/bin/rmd-{image}"]
     container = _run("buildah", "from", "--pull=never", tag).strip()
@@ -347,4 +308,3 @@ def test_image_builds_and_runs(image: str, base_image: str) -> None:
         assert f"rmd-{image}" in programs and f"rmd-{other}" not in programs and "pip" not in programs
     finally:
         _run("buildah", "rm", container)
-        subprocess.run(["buildah", "rmi", tag], capture_output=True, check=False)

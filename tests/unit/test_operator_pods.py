@@ -349,6 +349,51 @@ def test_failure_decision(delete: bool) -> None:
     assert ("deleting the pod" in decision.event.message) is delete
 
 
+@pytest.mark.parametrize(
+    ("code", "message", "kind", "says"),
+    [
+        (
+            "UNAVAILABLE",
+            "kubelet PodResources Get on /host/var/lib/kubelet/pod-resources/kubelet.sock: unreachable (x)",
+            "kubelet",
+            "cannot ask the kubelet's PodResources API",
+        ),
+        (
+            "UNAVAILABLE",
+            "failed to connect to all addresses",
+            "agent-unreachable",
+            "runs and is ready (RmdNodeState rmd-node-state-worker-1)",
+        ),
+        ("DEADLINE_EXCEEDED", "Deadline Exceeded", "agent-unreachable", "can reach 10.0.0.5:50051"),
+        ("UNAVAILABLE", "the engine is still starting", "agent-unreachable", "the engine is still starting"),
+        ("PERMISSION_DENIED", "client not allowed", "agent-refused", "client certificate"),
+        ("UNAUTHENTICATED", "", "agent-refused", "refused the operator's call (UNAUTHENTICATED)"),
+        ("INTERNAL", "internal error (KeyError)", "agent-error-INTERNAL", "agent's log"),
+    ],
+)
+def test_a_failed_cpu_lookup_says_why_and_what_to_check(
+    code: str, message: str, kind: str, says: str
+) -> None:
+    problem = pods.call_failed_problem("c", "worker-1", "10.0.0.5:50051", code, message)
+    assert problem.key == f"c/{kind}"
+    event = problem.event
+    assert (event.type, event.reason) == ("Warning", pods.CPUS_UNKNOWN)
+    assert event.message.startswith("container c: cannot get its exclusive CPUs from the rmd agent of node")
+    assert says in event.message and message in event.message and event.message.endswith("; retrying")
+
+
+def test_slow_cpu_lookups_say_what_to_check() -> None:
+    waiting = pods.not_allocated_problem("c", "worker-1", "the kubelet has no pod ns/web", 31.2)
+    assert waiting.key == "c/not-allocated" and waiting.event.reason == pods.CPUS_UNKNOWN
+    assert "reports no CPUs for it after 31s (the kubelet has no pod ns/web)" in waiting.event.message
+    assert "which PodResources API the agent uses" in waiting.event.message
+    nobody = pods.no_agent_problem("c", "worker-1", 45)
+    assert nobody.key == "c/no-agent" and nobody.event.type == "Warning"
+    assert "no rmd agent has published an endpoint for node worker-1 for 45s" in nobody.event.message
+    found = pods.cpus_found_event("c", "worker-1", [4, 5, 6])
+    assert (found.type, found.reason) == ("Normal", pods.CPUS_FOUND) and "CPUs 4-6" in found.message
+
+
 # -- the orchestration ---------------------------------------------------------------------------------------
 
 ALLOCATED = agent_pb2.GetContainerCpusResponse.ALLOCATED
@@ -364,6 +409,7 @@ class FakeAgents:
         self.held: list[agent_pb2.Workload] = []
         self.cpu_calls = 0
         self.down = False
+        self.failure: CallFailure | None = None  # raised instead of answering, when set
 
     def allocate(self, namespace: str, name: str, cont: str, *cpus: int, after: int = 0) -> None:
         pending = [agent_pb2.GetContainerCpusResponse(state=NOT_YET)] * after
@@ -378,6 +424,8 @@ class FakeAgents:
         self.cpu_calls += 1
         if self.down:
             raise CallFailure("UNAVAILABLE", "down")
+        if self.failure is not None:
+            raise self.failure
         queue = self.answers.get(
             (namespace, pod, container), [agent_pb2.GetContainerCpusResponse(state=NOT_YET)]
         )
@@ -394,6 +442,7 @@ class FakeObjects:
         self.workloads: dict[tuple[str, str], Obj] = {}
         self.writes: list[tuple[str, str]] = []
         self.deleted_pods: list[tuple[str, str, str]] = []
+        self.not_started: set[tuple[str, str, str]] = set()  # containers whose status shows no start yet
         self.pods: dict[tuple[str, str], str] = {}  # what pod_uid answers
         self._uids = itertools.count(1)
 
@@ -433,6 +482,9 @@ class FakeObjects:
 
     async def pod_uid(self, namespace: str, name: str) -> str | None:
         return self.pods.get((namespace, name))
+
+    async def container_started(self, namespace: str, name: str, uid: str, container: str) -> bool:
+        return (namespace, name, container) not in self.not_started
 
     def set_status(self, namespace: str, name: str, node: str, status: str, response: str) -> Obj:
         obj = self.workloads[(namespace, name)]
@@ -513,6 +565,83 @@ async def test_cpus_retried_while_the_agent_is_unreachable() -> None:
     await h.flow.close()
 
 
+async def test_an_unreachable_agent_gives_one_warning_not_one_per_retry() -> None:
+    h = Harness()
+    h.agents.down = True
+    h.agents.allocate("ns", "web", "c", 7)
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: h.agents.cpu_calls >= 4)
+    assert h.reasons() == [pods.CPUS_UNKNOWN]
+    (_, warning) = h.events[0]
+    assert warning.type == "Warning" and "127.0.0.1:1: UNAVAILABLE: down" in warning.message
+    # Back: a Normal Event saying so, then the workload as usual.
+    h.agents.down = False
+    await h.until(lambda: ("ns", "web-rmd-workload-c") in h.objects.workloads)
+    assert h.reasons() == [pods.CPUS_UNKNOWN, pods.CPUS_FOUND]
+    assert "CPUs 7" in h.events[1][1].message
+    await h.flow.close()
+
+
+async def test_each_distinct_reason_is_posted_once() -> None:
+    h = Harness()
+    h.agents.down = True
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: h.agents.cpu_calls >= 3)
+    # The agent answers now, but cannot reach its kubelet: another reason, another Warning (once).
+    h.agents.down = False
+    h.agents.failure = CallFailure("UNAVAILABLE", "kubelet PodResources Get on /x.sock: no answer within 2s")
+    calls = h.agents.cpu_calls
+    await h.until(lambda: h.agents.cpu_calls >= calls + 3)
+    # ... and the first reason again: already said.
+    h.agents.failure = None
+    h.agents.down = True
+    calls = h.agents.cpu_calls
+    await h.until(lambda: h.agents.cpu_calls >= calls + 2)
+    assert h.reasons() == [pods.CPUS_UNKNOWN, pods.CPUS_UNKNOWN]
+    assert "UNAVAILABLE: down" in h.events[0][1].message
+    assert "cannot ask the kubelet's PodResources API" in h.events[1][1].message
+    assert h.flow._pods["uid-1"].tasks  # still retrying
+    await h.flow.close()
+
+
+async def test_cpus_the_kubelet_does_not_report_for_long_give_one_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pod_flow, "_QUIET_SECONDS", 0.1)
+    h = Harness()
+    h.agents.answers[("ns", "web", "c")] = [
+        agent_pb2.GetContainerCpusResponse(state=NOT_YET, detail="the kubelet has no pod ns/web")
+    ]
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: h.agents.cpu_calls >= 2)
+    assert h.events == []  # normal for a moment after scheduling
+    await h.until(lambda: bool(h.events))
+    calls = h.agents.cpu_calls
+    await h.until(lambda: h.agents.cpu_calls >= calls + 3)
+    assert h.reasons() == [pods.CPUS_UNKNOWN]
+    assert "(the kubelet has no pod ns/web)" in h.events[0][1].message
+    h.agents.allocate("ns", "web", "c", 3)
+    await h.until(lambda: ("ns", "web-rmd-workload-c") in h.objects.workloads)
+    assert h.reasons() == [pods.CPUS_UNKNOWN, pods.CPUS_FOUND]
+    await h.flow.close()
+
+
+async def test_a_node_without_an_agent_gives_a_warning_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pod_flow, "_QUIET_SECONDS", 0.1)
+    h = Harness()
+    h.flow.agent_changed("worker-1", None)
+    h.agents.allocate("ns", "web", "c", 2)
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: bool(h.events))
+    await asyncio.sleep(0.1)
+    assert h.reasons() == [pods.CPUS_UNKNOWN] and h.agents.cpu_calls == 0
+    assert "no rmd agent has published an endpoint for node worker-1" in h.events[0][1].message
+    h.flow.agent_changed("worker-1", NodeAgent("worker-1", endpoint="127.0.0.1:1"))
+    await h.until(lambda: ("ns", "web-rmd-workload-c") in h.objects.workloads)
+    assert h.reasons() == [pods.CPUS_UNKNOWN, pods.CPUS_FOUND]
+    await h.flow.close()
+
+
 async def test_existing_equal_workload_is_not_written_and_a_changed_one_is_patched() -> None:
     h = Harness()
     h.agents.allocate("ns", "web", "c", 1, 2)
@@ -546,6 +675,21 @@ async def test_failure_on_the_node_deletes_the_pod_unless_told_not_to(delete: bo
     assert h.reasons() == [pods.WORKLOAD_FAILED]
     assert "cache max=6 exceeds the pool" in h.events[0][1].message
     assert h.objects.deleted_pods == ([("ns", "web", "uid-1")] if delete else [])
+    await h.flow.close()
+
+
+async def test_no_exclusive_cpus_before_the_container_started_is_waited_out() -> None:
+    """A real kubelet lists an admitted container in PodResources just before its CPU manager allocates: the
+    pod was failed and deleted in that window (real node). Until the container starts, it is not final."""
+    h = Harness()
+    h.objects.not_started.add(("ns", "web", "c"))
+    h.agents.answers[("ns", "web", "c")] = [
+        agent_pb2.GetContainerCpusResponse(state=NOT_EXCLUSIVE, detail="not allocated yet"),
+        agent_pb2.GetContainerCpusResponse(state=agent_pb2.GetContainerCpusResponse.ALLOCATED, cpus=[3]),
+    ]
+    h.flow.pod_changed(None, pod())
+    await h.until(lambda: bool(h.objects.workloads))
+    assert not h.objects.deleted_pods and pods.WORKLOAD_FAILED not in h.reasons()
     await h.flow.close()
 
 

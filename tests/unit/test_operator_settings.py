@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from rmd_operator.backoff import Backoff
-from rmd_operator.cli import kopf_arguments, main
+from rmd_operator.cli import kopf_arguments, main, name_user_for_kopf
 from rmd_operator.errors import ConfigError
 from rmd_operator.settings import OperatorSettings, dump_settings, load_settings
 
@@ -83,6 +84,24 @@ def test_kopf_command_line() -> None:
     assert "--quiet" in quiet
     assert quiet[quiet.index("--log-format") + 1] == "json"
     assert "--liveness" not in quiet
+
+
+def test_kopf_identity_needs_no_passwd_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf's identity looks the uid up in /etc/passwd, which fails for the image's 65532 (seen on a real
+    node: KeyError in getpwuid, the operator pod crashed at start)."""
+    from kopf._core.engines import peering
+
+    def no_entry(uid: int) -> None:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr("pwd.getpwuid", no_entry)
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+    name_user_for_kopf(os.environ)
+    assert peering.detect_own_id(manual=True).startswith("rmd-operator@")
+    monkeypatch.setenv("USER", "alice")
+    name_user_for_kopf(os.environ)
+    assert os.environ["USER"] == "alice"  # an environment that names the user wins
 
 
 def test_print_config(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,1 @@
+"""A real kubelet with containerd as a test node (see node.py)."""
