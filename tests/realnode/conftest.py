@@ -34,7 +34,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("before_stack") is None)
 
 
-def require_real_node() -> Path:
+@pytest.fixture(scope="session")
+def real_node_bin_dir() -> Path:
     """The binary directory, or skip (fail under CI) when this machine cannot run a real node."""
     try:
         bin_dir = find_bin_dir()
@@ -49,9 +50,9 @@ def require_real_node() -> Path:
 
 
 @pytest.fixture(scope="session")
-def stack(request: pytest.FixtureRequest) -> Iterator[RealStack]:
+def stack(request: pytest.FixtureRequest, real_node_bin_dir: Path) -> Iterator[RealStack]:
     """Control plane, simulated hardware, real node, and the chart installed with helm (pods Ready)."""
-    bin_dir = require_real_node()
+    bin_dir = real_node_bin_dir
     workdir = Path(tempfile.mkdtemp(prefix="rmd-rn-", dir="/var/tmp"))
     stack = RealStack(bin_dir, workdir)
     try:

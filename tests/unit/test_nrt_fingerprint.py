@@ -17,7 +17,7 @@ measured setup).
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -43,7 +43,7 @@ from rmd_agent.nrt.fingerprint import (
 from rmd_agent.nrt.zones import CACHE_WAYS_RESOURCE, CacheWays, compute_zones
 from rmd_agent.observe.numa import NumaNode
 from rmd_agent.power.cgroup_paths import QoS
-from rmd_sim.kubelet import parse_quantity
+from rmd_sim.scheduler_view import container_requests, native, pod_qos, scheduler_counts, steady_containers
 
 TINY = [("production", "jaeger-dpgjk"), ("production", "nginx-rt684"), ("production", "envoy-g9m22")]
 SMALL = [
@@ -164,77 +164,7 @@ def test_the_node_lists_the_expected_resources() -> None:
     assert "example.com/fpga" not in NRT and "example.com/gpu" not in NRT
 
 
-# -- the scheduler's side (pod specs; Kubernetes' QoS rules and scheduler-plugins' rule, restated here) --
-
-
-def quantity(value: str | int) -> Fraction:
-    return parse_quantity(value)
-
-
-def container_requests(container: Obj) -> dict[str, Fraction]:
-    """Requests after the API server's defaulting: a resource with a limit and no request requests it."""
-    resources = container.get("resources", {})
-    requests = {name: quantity(v) for name, v in resources.get("requests", {}).items()}
-    for name, value in resources.get("limits", {}).items():
-        requests.setdefault(name, quantity(value))
-    return requests
-
-
-def container_limits(container: Obj) -> dict[str, Fraction]:
-    return {name: quantity(v) for name, v in container.get("resources", {}).get("limits", {}).items()}
-
-
-def container_qos(container: Obj) -> str:
-    requests, limits = container_requests(container), container_limits(container)
-    classes = set()
-    for name in ("cpu", "memory"):
-        request, limit = requests.get(name, Fraction(0)), limits.get(name, Fraction(0))
-        if request != limit:
-            return "Burstable"
-        classes.add("BestEffort" if request == 0 else "Guaranteed")
-    return classes.pop() if len(classes) == 1 else "Burstable"
-
-
-def pod_qos(pod: Obj) -> str:
-    """Kubernetes' QoS class (GetPodQOS): every container, init containers included, counts."""
-    if pod.get("status", {}).get("qosClass"):
-        return str(pod["status"]["qosClass"])
-    spec = pod["spec"]
-    classes = {container_qos(c) for c in [*spec.get("initContainers", []), *spec["containers"]]}
-    return classes.pop() if len(classes) == 1 else "Burstable"
-
-
-def steady_containers(pod: Obj) -> list[Obj]:
-    """Sidecars (init containers with restartPolicy Always) and regular containers."""
-    spec = pod["spec"]
-    sidecars = [c for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always"]
-    return [*sidecars, *spec["containers"]]
-
-
-def native(name: str) -> bool:
-    return "/" not in name or "kubernetes.io/" in name
-
-
-def exclusive_request(qos: str, name: str, amount: Fraction, nrt: Collection[str]) -> bool:
-    """Whether one request makes the pod count: an NRT-listed extended resource in any pod; in a Guaranteed
-    pod an integral CPU amount, memory or hugepages."""
-    if not native(name):
-        return name in nrt
-    if qos != "Guaranteed" or amount <= 0:
-        return False
-    if name == "cpu":
-        return amount.denominator == 1
-    return name == "memory" or name.startswith("hugepages-")
-
-
-def scheduler_counts(pod: Obj, nrt: Collection[str]) -> bool:
-    """scheduler-plugins' with-exclusive-resources rule, over the pod spec."""
-    qos = pod_qos(pod)
-    return any(
-        exclusive_request(qos, name, amount, nrt)
-        for container in steady_containers(pod)
-        for name, amount in container_requests(container).items()
-    )
+# The scheduler's side (pod specs, Kubernetes' QoS rules, scheduler-plugins' rule): rmd_sim.scheduler_view.
 
 
 # -- the agent's side: what the kubelet exposes for the pod --
