@@ -12,16 +12,18 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 K8S_VERSION=v1.36.3
+LEGACY_KUBELET_VERSION=v1.33.13  # a kubelet from before PodResources Get was on by default (real-node tier)
 ETCD_VERSION=v3.6.8
 HELM_VERSION=v3.21.4
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 
 cache_root=${RMD_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rmd-k8s}
-key=$( { go version; cat "$here"/k8s/go.{mod,sum} "$here"/etcd/go.{mod,sum} "$here"/helm/go.{mod,sum} "$0"; } \
+key=$( { go version; cat "$here"/k8s/go.{mod,sum} "$here"/kubelet-1.33/go.{mod,sum} "$here"/etcd/go.{mod,sum} \
+         "$here"/helm/go.{mod,sum} "$0"; } \
        | sha256sum | cut -c1-12)
 bin_dir="$cache_root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-$key"
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet etcd helm)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubelet-1.33 etcd helm)
 
 complete() {
   for b in "${binaries[@]}"; do [ -x "$bin_dir/$b" ] || return 1; done
@@ -55,12 +57,13 @@ progress() {
   step "$what: $n packages compiled, linking done"
 }
 
-build() {  # build <module dir> <what> <ldflags> <packages...>
-  local dir=$1 what=$2 ldflags=$3; shift 3
+build() {  # build <module dir> <what> <ldflags> <output dir> <packages...>
+  local dir=$1 what=$2 ldflags=$3 out=$4; shift 4
   step "$what: downloading modules"
   (cd "$here/$dir" && go mod download)
   step "$what: compiling (a cold build of kubernetes takes tens of minutes on 2 cores)"
-  (cd "$here/$dir" && go build -v -trimpath -ldflags "$ldflags" -o "$bin_dir.partial/" "$@" 2>&1) | progress "$what"
+  mkdir -p "$out"
+  (cd "$here/$dir" && go build -v -trimpath -ldflags "$ldflags" -o "$out/" "$@" 2>&1) | progress "$what"
 }
 
 minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
@@ -74,12 +77,20 @@ for pkg in pkg/chartutil pkg/lint/rules; do
   helm_ldflags+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=$minor"
 done
 
-build etcd etcd "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" go.etcd.io/etcd/server/v3
+build etcd etcd "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" "$bin_dir.partial" go.etcd.io/etcd/server/v3
 mv "$bin_dir.partial/server" "$bin_dir.partial/etcd"  # go names the main package of .../server/v3 "server"
-build helm helm "$helm_ldflags" helm.sh/helm/v3/cmd/helm
-build k8s kubernetes "$k8s_ldflags" \
+build helm helm "$helm_ldflags" "$bin_dir.partial" helm.sh/helm/v3/cmd/helm
+build k8s kubernetes "$k8s_ldflags" "$bin_dir.partial" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet
+
+# The older kubelet goes to a directory of its own first: its binary is also named "kubelet".
+legacy_ldflags=${k8s_ldflags//$K8S_VERSION/$LEGACY_KUBELET_VERSION}
+legacy_ldflags=${legacy_ldflags//gitMinor=$minor/gitMinor=33}
+build kubelet-1.33 "kubelet $LEGACY_KUBELET_VERSION" "$legacy_ldflags" "$bin_dir.partial/legacy" \
+  k8s.io/kubernetes/cmd/kubelet
+mv "$bin_dir.partial/legacy/kubelet" "$bin_dir.partial/kubelet-1.33"
+rmdir "$bin_dir.partial/legacy"
 
 rm -rf "$bin_dir"
 mv "$bin_dir.partial" "$bin_dir"

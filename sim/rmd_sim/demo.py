@@ -190,8 +190,75 @@ async def run_load(cluster: SimCluster, api: Any, stop: asyncio.Event) -> None:
         await asyncio.sleep(0.5)
 
 
-async def demo(workdir: Path, stay: bool) -> int:
+def real_node_demo(workdir: Path, began: float) -> bool:
+    """The chart's own pods on a real kubelet with containerd, and a cache pod there; False when this machine
+    cannot run a real node (the reason is printed) or the real node failed."""
+    from rmd_sim.control_plane import BinariesNotFound, find_bin_dir
+    from rmd_sim.realnode.node import unavailable_reason
+    from rmd_sim.realnode.stack import RealStack, wait_for
+
+    try:
+        reason = unavailable_reason()
+        bin_dir = find_bin_dir()
+    except BinariesNotFound as exc:
+        reason = str(exc)
+    if reason:
+        print(f"\nReal node: not on this machine ({reason}); the simulated nodes follow.", flush=True)
+        return False
+    step("real node: images (built once, about 5 minutes; cached afterwards), control plane, kubelet", began)
+    with RealStack(bin_dir, workdir / "real") as stack:
+        step(f"real node {stack.node.name}: chart installed with helm, its pods Ready", began)
+        resources = {"cpu": "1", "memory": "64Mi", "intel.com/l3_cache_ways": "2"}
+        stack.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": "cache-pod",
+                    "namespace": "default",
+                    "annotations": {"app_cache_min": "2"},
+                },
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "app",
+                            "image": stack.image_tags["busybox"],
+                            "imagePullPolicy": "Never",
+                            "command": ["sleep", "3600"],
+                            "resources": {"requests": resources, "limits": resources},
+                        }
+                    ]
+                },
+            }
+        )
+        name = "cache-pod-rmd-workload-app"
+
+        def applied() -> bool:
+            workload = stack.get_json("rmdworkload", "-n", "default", name) or {}
+            states = (workload.get("status") or {}).get("workloadStates") or {}
+            return bool((states.get(stack.node.name) or {}).get("status") == "Successful")
+
+        try:
+            wait_for("the cache pod's workload to be applied", applied, timeout=60)
+        except AssertionError as exc:
+            print(f"  {exc}")
+        kubelet = stack.get_json("node", stack.node.name)["status"]["nodeInfo"]["kubeletVersion"]
+        print(f"\nReal node {stack.node.name} (a real kubelet {kubelet} with containerd; RDT simulated):")
+        print(stack.kubectl("get", "pods", "-A", "-o", "wide").stdout.rstrip())
+        capacity = stack.kubectl(
+            "get", "node", stack.node.name, "-o", "jsonpath={.status.allocatable.intel\\.com/l3_cache_ways}"
+        )
+        ways = capacity.stdout
+        print(f"\n  intel.com/l3_cache_ways allocatable on the Node (the agent's device plugin): {ways}")
+        print(stack.kubectl("get", "rmdworkloads", "-A").stdout.rstrip())
+    step("real node stopped; the host is as it was", began)
+    return True
+
+
+async def demo(workdir: Path, stay: bool, real_node: bool = True) -> int:
     began = time.monotonic()
+    if real_node:
+        await asyncio.to_thread(real_node_demo, workdir, began)
     step("starting the control plane, the operator and three simulated nodes", began)
     settings = {"power_interval_seconds": POWER_INTERVAL}
     quiet_teardown = contextlib.ExitStack()
@@ -243,7 +310,7 @@ def _run(args: argparse.Namespace) -> int:
         tempfile.mkdtemp(prefix="rmd-demo-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
     )
     try:
-        return asyncio.run(demo(workdir, args.stay))
+        return asyncio.run(demo(workdir, args.stay, not args.no_real_node))
     except KeyboardInterrupt:
         return 130
     finally:
@@ -256,6 +323,11 @@ def add_demo(sub: Any) -> None:
         "demo", help="the whole system on simulated nodes: control plane, operator, agents, samples"
     )
     p.add_argument("--stay", action="store_true", help="keep everything running until Ctrl-C")
+    p.add_argument(
+        "--no-real-node",
+        action="store_true",
+        help="skip the real kubelet part (it runs first when this machine allows: root, containerd)",
+    )
     p.add_argument(
         "--keep", action="store_true", help="keep the work directory (logs, host trees) afterwards"
     )

@@ -30,7 +30,6 @@ import contextlib
 import errno
 import mmap
 import os
-import re
 import shutil
 import signal
 import stat
@@ -43,6 +42,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
 
+from rmd_sim.mounts import mount_points
 from rmd_sim.resctrl import NON_GROUP_DIRS, RESCTRL, SimResctrl
 
 BACKING_REL = ".rmd-sim/resctrl-backing"
@@ -256,22 +256,13 @@ class ResctrlOperations:
 # -- mounts ------------------------------------------------------------------------------------------------
 
 
-def _unescape_mount_path(field: str) -> str:
-    """/proc mount tables escape space, tab, newline and backslash as \\ooo."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
-
-
 def is_mounted(path: Path) -> bool:
     """Whether something is mounted exactly at `path` (read from /proc/self/mountinfo, no stat of it)."""
     wanted = os.path.realpath(path)
     try:
-        table = Path("/proc/self/mountinfo").read_text()
+        return wanted in mount_points()
     except OSError:
         return os.path.ismount(wanted)
-    return any(
-        len(fields) > 4 and _unescape_mount_path(fields[4]) == wanted
-        for fields in (line.split() for line in table.splitlines())
-    )
 
 
 def unmount(path: Path, *, lazy: bool = False) -> None:

@@ -31,7 +31,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("before_stack") is None)
+    """This folder's `before_stack` tests first among its tests; everything else keeps its place."""
+    here = Path(__file__).parent
+    mine = [i for i in items if here in i.path.parents]
+    if mine:
+        first = items.index(mine[0])
+        rest = [i for i in items if here not in i.path.parents]
+        ordered = sorted(mine, key=lambda item: item.get_closest_marker("before_stack") is None)
+        items[:] = rest[:first] + ordered + rest[first:]
 
 
 @pytest.fixture(scope="session")

@@ -35,11 +35,12 @@ def test_the_agent_reads_the_real_kubelet(stack: RealStack) -> None:
     """The device plugin is registered with the real device manager, and the node's objects describe the real
     kubelet: its CPU manager, its reserved CPU, the ways the plugin advertises."""
     node = stack.node
-    capacity = wait_for(
-        "the Node to show the cache ways",
-        lambda: stack.get_json("node", node.name)["status"]["capacity"].get(RESOURCE),
-        timeout=30,
-    )
+
+    def ways() -> str | None:
+        found: str | None = stack.get_json("node", node.name)["status"]["allocatable"].get(RESOURCE)
+        return found if found and int(found) > 0 else None
+
+    capacity = wait_for("the Node to show the cache ways", ways, timeout=30)
     ways = stack.host.spec.l3_ways
     assert 0 < int(capacity) < ways  # the guaranteed pool: the ways the OS group keeps are not offered
     state = stack.get_json("rmdnodestate", "-n", RELEASE_NAMESPACE, f"rmd-node-state-{node.name}")

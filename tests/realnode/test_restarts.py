@@ -106,16 +106,21 @@ def test_the_kubelet_restarted_the_plugin_registers_again_and_allocations_surviv
         ways_before = allocatable_ways(stack)
         registrations = agent_log(stack).count(REGISTERED)
 
-        started = time.monotonic()
         stack.node.restart_kubelet()
         wait_for(
             "the device plugin to register with the new kubelet",
             lambda: agent_log(stack).count(REGISTERED) > registrations,
             timeout=10,
         )
-        wait_for("the Node's cache ways back", lambda: allocatable_ways(stack) == ways_before, timeout=30)
-        back_after = time.monotonic() - started
-        assert back_after <= 10, f"the Node's cache ways came back {back_after:.1f}s after the restart"
+        wait_for(
+            "the Node's cache ways back",
+            lambda: allocatable_ways(stack) == ways_before,
+            timeout=30,
+            interval=0.1,
+        )
+        back_after = time.monotonic() - stack.node.kubelet_started
+        print(f"the Node's cache ways were back {back_after:.1f}s after the kubelet started")
+        assert back_after <= 10, f"the Node's ways came back {back_after:.1f}s after the kubelet started"
 
         assert json.loads(state_file.read_text())["entries"] == cpus_before
         pod = stack.get_json("pod", "-n", NAMESPACE, "held")

@@ -75,7 +75,7 @@ class CacheWaysPlugin:
         socket_name: str = DEFAULT_SOCKET_NAME,
         resource_name: str = RESOURCE_NAME,
         refresh_seconds: float = 5.0,
-        watch_seconds: float = 1.0,
+        watch_seconds: float = 0.1,  # a stat of kubelet.sock; see the registration loop
         timeout: float = 5.0,
     ) -> None:
         self._pools = pools
@@ -168,6 +168,9 @@ class CacheWaysPlugin:
             await self.refresh()
 
     async def _registration_loop(self) -> None:
+        # Checked every watch_seconds (0.1 s): a restarted kubelet posts the Node's status while it starts and
+        # then only every 10 s; registering within that first moment brings the ways back with it instead of
+        # one status period later (measured on a real kubelet: 10.7 s with a 1 s check).
         registered_with: tuple[int, int] | None = None  # identity of the kubelet.sock registered with
         failed_with: tuple[int, int] | None = None  # ... and of the one a registration last failed on
         while True:

@@ -30,6 +30,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rmd_sim.mounts import mount_points
+
 # Sysctls the kubelet sets (pkg/kubelet/cm setupKernelTunables); saved and restored whatever their values.
 SYSCTLS = (
     "vm/overcommit_memory",
@@ -74,13 +76,8 @@ def kubepods_cgroups() -> list[Path]:
 def mounts_under(path: Path) -> list[str]:
     """Mount points at or under `path`, deepest first."""
     prefix = str(path.resolve())
-    points = []
-    with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:
-            point = line.split()[4].encode().decode("unicode_escape")
-            if point == prefix or point.startswith(prefix + "/"):
-                points.append(point)
-    return sorted(set(points), key=lambda p: (-p.count("/"), p))
+    points = {p for p in mount_points() if p == prefix or p.startswith(prefix + "/")}
+    return sorted(points, key=lambda p: (-p.count("/"), p))
 
 
 def unmount_all(path: Path) -> None:

@@ -93,6 +93,8 @@ class RealNode:
         self.workdir = Path(workdir).resolve()
         self.name = name
         self.feature_gates = dict(feature_gates or {})
+        self.kubelet_binary = "kubelet"  # in the control plane's binary directory
+        self.kubelet_started = 0.0  # time.monotonic() when the current kubelet process was started
         self.system_reserved_cpu = system_reserved_cpu
         self.reserved_cpus = "0"  # what the static policy reserves for system_reserved_cpu up to 1000m
         self.kubelet_dir = host_state.KUBELET_DIR  # fixed: the device plugin socket directory lives there
@@ -179,17 +181,25 @@ class RealNode:
     # -- the kubelet
 
     def start_kubelet(
-        self, timeout: float = 60.0, *, feature_gates: Mapping[str, bool] | None = None
+        self,
+        timeout: float = 60.0,
+        *,
+        feature_gates: Mapping[str, bool] | None = None,
+        binary: str | None = None,
     ) -> None:
-        """Start (or start again) the kubelet; returns once the Node is Ready by the new kubelet's status."""
+        """Start (or start again) the kubelet; returns once the Node is Ready by the new kubelet's status.
+        `binary` names another kubelet in the binary directory (e.g. "kubelet-1.33", an older release) and
+        `feature_gates` replaces the gates; both stay for later restarts."""
         assert self.network is not None, "start() first"
+        if binary is not None:
+            self.kubelet_binary = binary
         if feature_gates is not None and feature_gates != self.feature_gates:
             self.feature_gates = dict(feature_gates)
             self._write_kubelet_files()
         started = time.time()
         argv = [
             *self.network.exec_prefix(),
-            str(self.control_plane.bin_dir / "kubelet"),
+            str(self.control_plane.bin_dir / self.kubelet_binary),
             f"--config={self.kubelet_config}",
             f"--kubeconfig={self.workdir / 'kubelet.kubeconfig'}",
             f"--root-dir={self.kubelet_dir}",
@@ -198,6 +208,7 @@ class RealNode:
             "--v=1",
         ]
         self.kubelet = ManagedProcess("kubelet", argv, self.logs_dir / "kubelet.log")
+        self.kubelet_started = time.monotonic()
         self.kubelet.start()
         _wait(f"Node {self.name} Ready", lambda: self._ready_since(started), timeout, [self.kubelet])
 
@@ -207,10 +218,14 @@ class RealNode:
             self.kubelet = None
 
     def restart_kubelet(
-        self, timeout: float = 60.0, *, feature_gates: Mapping[str, bool] | None = None
+        self,
+        timeout: float = 60.0,
+        *,
+        feature_gates: Mapping[str, bool] | None = None,
+        binary: str | None = None,
     ) -> None:
         self.stop_kubelet()
-        self.start_kubelet(timeout, feature_gates=feature_gates)
+        self.start_kubelet(timeout, feature_gates=feature_gates, binary=binary)
 
     def _ready_since(self, started: float) -> bool:
         out = self.control_plane.kubectl("get", "node", self.name, "-o", "json", check=False)
