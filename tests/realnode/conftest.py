@@ -31,9 +31,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """This folder's `before_stack` tests first among its tests; everything else keeps its place."""
+    """This folder's `before_stack` tests first among its tests; everything else keeps its place. Its tests
+    may build the images (cold: about 5 minutes, in whichever test needs them first), so they get longer than
+    the default timeout."""
     here = Path(__file__).parent
     mine = [i for i in items if here in i.path.parents]
+    for item in mine:
+        item.add_marker(pytest.mark.timeout(1800))
     if mine:
         first = items.index(mine[0])
         rest = [i for i in items if here not in i.path.parents]
