@@ -14,23 +14,34 @@ NAMESPACE = "fingerprint"
 WAYS = "intel.com/l3_cache_ways"
 
 
-def pod(stack: RealStack, name: str, requests: dict[str, str], limits: dict[str, str]) -> dict[str, Any]:
+def box(stack: RealStack, name: str, requests: dict[str, str], limits: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": stack.image_tags["busybox"],
+        "imagePullPolicy": "Never",
+        "command": ["sleep", "3600"],
+        "resources": {"requests": requests, "limits": limits},
+    }
+
+
+def pod(
+    stack: RealStack,
+    name: str,
+    requests: dict[str, str],
+    limits: dict[str, str],
+    init: tuple[dict[str, Any], ...] = (),
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 1,
+        "containers": [box(stack, "app", requests, limits)],
+    }
+    if init:
+        spec["initContainers"] = list(init)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "app",
-                    "image": stack.image_tags["busybox"],
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                    "resources": {"requests": requests, "limits": limits},
-                }
-            ],
-        },
+        "spec": spec,
     }
 
 
@@ -44,14 +55,18 @@ def published_and_expected(stack: RealStack) -> tuple[str, str]:
 
 def test_the_published_fingerprint_is_the_schedulers(stack: RealStack) -> None:
     stack.kubectl("create", "namespace", NAMESPACE)
-    guaranteed_fraction = {"cpu": "500m", "memory": "256Mi"}
+    fraction = {"cpu": "500m", "memory": "256Mi"}
+    whole = {"cpu": "1", "memory": "64Mi", WAYS: "1"}
+    sidecar = {**box(stack, "sidecar", {WAYS: "1"}, {WAYS: "1"}), "restartPolicy": "Always"}
+    plain_init = {**box(stack, "setup", {WAYS: "1"}, {WAYS: "1"}), "command": ["true"]}
     mix = {
-        "fractional-guaranteed": pod(
-            stack, "fractional-guaranteed", guaranteed_fraction, guaranteed_fraction
-        ),
+        "fractional-guaranteed": pod(stack, "fractional-guaranteed", fraction, fraction),
+        "integer-guaranteed": pod(stack, "integer-guaranteed", whole, whole),
         "burstable": pod(stack, "burstable", {"cpu": "100m", "memory": "32Mi"}, {"memory": "64Mi"}),
         "besteffort": pod(stack, "besteffort", {}, {}),
         "device-only": pod(stack, "device-only", {"cpu": "50m", WAYS: "1"}, {WAYS: "1"}),
+        "sidecar-device": pod(stack, "sidecar-device", {"cpu": "50m"}, {}, init=(sidecar,)),
+        "init-device": pod(stack, "init-device", {}, {}, init=(plain_init,)),
     }
     try:
         for manifest in mix.values():
@@ -67,7 +82,8 @@ def test_the_published_fingerprint_is_the_schedulers(stack: RealStack) -> None:
         )
         listed = {WAYS, "cpu", "memory"}
         counted = {name for name, manifest in mix.items() if scheduler_counts(manifest, listed)}
-        assert counted == {"fractional-guaranteed", "device-only"}  # the scheduler's rule, as restated
+        # the scheduler's rule, as restated: a plain init container's device does not count, a sidecar's does
+        assert counted == {"fractional-guaranteed", "integer-guaranteed", "device-only", "sidecar-device"}
         published, expected = wait_for(
             "the published fingerprint to equal the scheduler's",
             lambda: (pair := published_and_expected(stack))[0] == pair[1] and pair,
