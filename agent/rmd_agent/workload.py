@@ -324,7 +324,11 @@ def _check_cache(w: Workload, node: NodeInventory) -> None:
                 f"cache max={ways} is below this CPU's minimum of {min_bits} ways per mask (min_cbm_bits)"
             )
         if ways > sizes.guaranteed:
-            raise _invalid(f"cache max={ways} exceeds this node's guaranteed pool of {sizes.guaranteed} ways")
+            raise _invalid(
+                f"cache max={ways} exceeds this node's guaranteed pool of {sizes.guaranteed} ways per L3 "
+                f"cache (each L3 cache of the workload's CPUs must give all {ways}): ask for at most "
+                f"{sizes.guaranteed}"
+            )
     elif pool is Pool.BEST_EFFORT:
         least = w.cache_min or 0
         if least < min_bits:
@@ -333,7 +337,8 @@ def _check_cache(w: Workload, node: NodeInventory) -> None:
             )
         if least > sizes.besteffort:
             raise _invalid(
-                f"cache min={least} exceeds this node's best-effort pool of {sizes.besteffort} ways"
+                f"cache min={least} exceeds this node's best-effort pool of {sizes.besteffort} ways per L3 "
+                f"cache: ask for at most {sizes.besteffort}"
             )
     elif sizes.shared == 0:
         raise _invalid("this node's shared cache pool has 0 ways, so it takes no shared-pool workloads")

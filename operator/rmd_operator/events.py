@@ -6,6 +6,9 @@ queue and a few tasks that create the Events through the `kubernetes` client in 
 carries the time it was posted, so `kubectl get events` shows them in order). An Event that
 cannot be written (its namespace is being deleted, the API server refuses it) is logged and dropped after a
 few tries: Events are information, never worth holding anything up.
+
+An EventText with `once` gets a name derived from the object's uid and that key instead of a generated one:
+posting it again, say after an operator restart, is refused as a duplicate (409), so it exists once.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import hashlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +35,7 @@ MESSAGE_LIMIT = 1000  # below the API server's 1 KiB cap on an Event's message
 _TRIES = (0.5, 1.0, 2.0)  # pauses between tries after connection trouble or a server error
 _REQUEST_TIMEOUT_SECONDS = 30.0
 _SENDERS = 4  # Events in flight at once: a burst of changes must not leave its Events a minute behind
+_MAX_NAME = 253
 
 
 def _shortened(message: str) -> str:
@@ -46,10 +51,15 @@ def event_body(
     involved = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind")}
     involved.update({k: meta[k] for k in ("name", "namespace", "uid") if meta.get(k)})
     stamp = now.isoformat().replace("+00:00", "Z")
+    prefix = str(meta.get("name") or "rmd")
+    naming: dict[str, str] = {"generateName": f"{prefix}."}
+    if event.once:
+        digest = hashlib.sha256(f"{meta.get('uid') or ''}/{event.once}".encode()).hexdigest()[:16]
+        naming = {"name": f"{prefix[: _MAX_NAME - len(digest) - 1].rstrip('.-')}.{digest}"}
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{meta.get('name') or 'rmd'}.", "namespace": namespace},
+        "metadata": {**naming, "namespace": namespace},
         "involvedObject": involved,
         "type": event.type,
         "reason": event.reason,
@@ -114,6 +124,9 @@ class EventPoster:
                 )
                 return
             except ApiException as exc:
+                if exc.status == 409 and "name" in body["metadata"]:
+                    log.debug("%s: posted before", what)  # an Event posted once (EventText.once)
+                    return
                 if exc.status < 500 and exc.status != 429:  # refused: trying again will not help
                     log.info("%s not posted: %s %s", what, exc.status, exc.reason)
                     return

@@ -7,7 +7,8 @@ For each pod (by uid) whose request changed:
 1. an Event for each refusal (not Guaranteed, fractional CPUs, invalid annotations) and for annotations that
    configure nothing;
 2. per qualifying container, concurrently:
-   a. its CPUs from the node's agent (GetContainerCpus), retried until the kubelet has allocated them (and
+   a. once the node's kubelet has taken the pod (its status has a start time: the kubelet admitted it), its
+      CPUs from the node's agent (GetContainerCpus), retried until the kubelet has allocated them (and
       while the agent is unreachable, with backoff). A failed call gives a Warning Event at once, and so
       does a node without an agent or a kubelet reporting no CPUs for the container after
       _QUIET_SECONDS (normal for a moment after scheduling); each kind of trouble once per container, not
@@ -18,11 +19,14 @@ For each pod (by uid) whose request changed:
       garbage collector deleted its RmdWorkload), wait for it to go, for a bounded time;
    d. create the RmdWorkload, or patch it where it differs (compare before write);
 3. the workload's status on the pod's node (workload_changed): Successful gives a Normal Event on the pod;
-   Failed an Event, and the pod is deleted unless delete_failed_pods is false.
+   Failed an Event, and the pod is deleted unless delete_failed_pods is false or the failure can never pass
+   on that node (pods.on_failure: deleting would only make its controller create it again, perhaps on the
+   same node, forever).
 
 A finished pod (Succeeded, Failed) keeps its object but not its CPUs: its RmdWorkloads are deleted, since the
-garbage collector only acts once the pod object goes. A pod flow RmdWorkload deleted while its pod runs is
-created again, as rmd-operator did.
+garbage collector only acts once the pod object goes. A pod its kubelet refused at admission (Failed with
+TopologyAffinityError, UnexpectedAdmissionError, ...) gets one Warning quoting the kubelet, and nothing else.
+A pod flow RmdWorkload deleted while its pod runs is created again, as rmd-operator did.
 """
 
 from __future__ import annotations
@@ -245,6 +249,7 @@ class _Pod:
     troubles: set[str] = field(default_factory=set)  # keys of CpuLookupProblems posted
     stopping: bool = False  # terminating or finished: nothing is created any more
     deleting: bool = False  # the flow deleted the pod
+    awaiting_kubelet: bool = False  # bound, but its kubelet has not taken it yet (pods.awaiting_kubelet)
 
 
 def _deleting(obj: Mapping[str, Any]) -> bool:
@@ -297,10 +302,14 @@ class PodFlow:
             if tracked is None or not tracked.stopping:
                 tracked = tracked or self._track(uid, pod, pods.pod_request(pod))
                 self._stop(tracked)
+                rejected = pods.admission_rejection(pod)
+                if rejected is not None:
+                    self._post_once(tracked, rejected)
                 self._spawn(self._delete_workloads(tracked, tracked.request.containers, "the pod finished"))
             return
         request = pods.pod_request(pod)
         if tracked is not None and tracked.request == request:
+            tracked.awaiting_kubelet = pods.awaiting_kubelet(pod)
             tracked.wake.set()  # e.g. now Running: a good moment to ask for its CPUs again
             return
         if tracked is None:
@@ -312,6 +321,7 @@ class PodFlow:
             tracked.request = request
             if dropped:
                 self._spawn(self._delete_workloads(tracked, dropped, "its request no longer qualifies"))
+        tracked.awaiting_kubelet = pods.awaiting_kubelet(pod)
         self._announce(tracked)
         for want in request.containers:
             self._start(tracked, want)
@@ -409,16 +419,21 @@ class PodFlow:
         if pod.request.ignored:
             texts.append(pods.ignored_event(pod.request.ignored))
         for text in texts:
-            if (text.reason, text.message) not in pod.posted:
-                pod.posted.add((text.reason, text.message))
-                self._event(pod, text)
-                log.info(
-                    "pod %s/%s: %s",
-                    pod.request.namespace,
-                    pod.request.name,
-                    text.message,
-                    extra={"pod": f"{pod.request.namespace}/{pod.request.name}", "reason": text.reason},
-                )
+            self._post_once(pod, text)
+
+    def _post_once(self, pod: _Pod, text: EventText) -> None:
+        """Post the Event and log it, unless this process posted the same one for the pod already."""
+        if (text.reason, text.message) in pod.posted:
+            return
+        pod.posted.add((text.reason, text.message))
+        self._event(pod, text)
+        log.info(
+            "pod %s/%s: %s",
+            pod.request.namespace,
+            pod.request.name,
+            text.message,
+            extra={"pod": f"{pod.request.namespace}/{pod.request.name}", "reason": text.reason},
+        )
 
     async def _nap(self, pod: _Pod, seconds: float) -> None:
         """Sleep `seconds`, or less if something about the pod or its node's agent changed."""
@@ -531,6 +546,11 @@ class PodFlow:
                 check_at = self._clock() + _POD_CHECK_SECONDS
                 if not await self._still_there(pod):
                     return None
+            if pod.awaiting_kubelet:
+                # Nothing to ask for before admission; the pod's next status (admitted or refused) wakes us.
+                started = self._clock()
+                await self._nap(pod, _ALLOCATION_POLL[1])
+                continue
             waited = self._clock() - started
             agent = self._node_agents.get(request.node)
             if agent is None or not agent.endpoint:
@@ -578,8 +598,13 @@ class PodFlow:
             if answer.state == state.NOT_EXCLUSIVE and await self._objects.container_started(
                 request.namespace, request.name, request.uid, want.container
             ):
-                why = f"the kubelet gave the container no exclusive CPUs ({answer.detail})"
-                self._failed(pod, want.container, name, why)
+                # A Guaranteed container with whole CPUs in the shared pool: the kubelet's CPU manager policy
+                # is not static, which no new pod on this node changes.
+                why = (
+                    f"the kubelet gave the container no exclusive CPUs ({answer.detail}): its CPU manager "
+                    "policy is not static"
+                )
+                self._failed(pod, want.container, name, why, never_fits=True)
                 return None
             if waited >= _QUIET_SECONDS:
                 problem = pods.not_allocated_problem(want.container, request.node, answer.detail, waited)
@@ -687,11 +712,18 @@ class PodFlow:
                 )
         elif state.status == FAILED:
             _, _, why = state.response.partition(": ")
-            self._failed(pod, want.container, name, why or state.response)
+            self._failed(pod, want.container, name, why or state.response, never_fits=state.never_fits)
 
-    def _failed(self, pod: _Pod, container: str, workload: str, why: str) -> None:
+    def _failed(
+        self, pod: _Pod, container: str, workload: str, why: str, *, never_fits: bool = False
+    ) -> None:
         decision = pods.on_failure(
-            self._settings.delete_failed_pods, container, workload, pod.request.node, why
+            self._settings.delete_failed_pods,
+            container,
+            workload,
+            pod.request.node,
+            why,
+            never_fits=never_fits,
         )
         self._event(pod, decision.event)
         log.warning(

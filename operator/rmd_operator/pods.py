@@ -21,7 +21,15 @@ from kubernetes.utils import parse_quantity
 
 from rmd_api.cpuset import format_cpu_list
 from rmd_operator.kube import GROUP, VERSION
-from rmd_operator.status import FAILED, PENDING, SUCCESSFUL, EventText, merge_diff
+from rmd_operator.status import (
+    FAILED,
+    PENDING,
+    SUCCESSFUL,
+    UNSATISFIABLE,
+    UNSUPPORTED,
+    EventText,
+    merge_diff,
+)
 
 CACHE_WAYS = "intel.com/l3_cache_ways"
 WORKLOAD_INFIX = "-rmd-workload-"
@@ -61,6 +69,7 @@ APPLIED = "CacheWaysApplied"
 WORKLOAD_FAILED = "CacheWorkloadFailed"
 CPUS_UNKNOWN = "CacheWaysCpusUnknown"  # Warning: the container's CPUs cannot be had from the agent (yet)
 CPUS_FOUND = "CacheWaysCpusFound"  # Normal: they could after all, after such a Warning
+POD_REJECTED = "CacheWaysPodRejected"  # Warning: the node's kubelet refused the pod at admission
 
 
 # -- what a pod asks for -------------------------------------------------------------------------------------
@@ -446,6 +455,14 @@ class NodeState:
     response: str
     cos_name: str = ""
     cores: str = ""
+    reason: str = ""  # of a Failed or Pending entry (status.py); "" when the entry has none
+
+    @property
+    def never_fits(self) -> bool:
+        """Failed for good on this node: the agent says the node can never take the request as it is
+        (Unsatisfiable: more ways than one L3 cache's pool holds, MBA the node lacks, ...), or the node lacks
+        the feature (Unsupported). Capacity and conflicts (Rejected) may pass later."""
+        return self.status == FAILED and self.reason in (UNSATISFIABLE, UNSUPPORTED)
 
 
 def node_state(workload: Mapping[str, Any], node: str) -> NodeState | None:
@@ -459,7 +476,11 @@ def node_state(workload: Mapping[str, Any], node: str) -> NodeState | None:
         return None
     cores = ",".join(str(c) for c in entry.get("coreIds") or ())
     return NodeState(
-        str(entry["status"]), str(entry.get("response") or ""), str(entry.get("cosName") or ""), cores
+        str(entry["status"]),
+        str(entry.get("response") or ""),
+        str(entry.get("cosName") or ""),
+        cores,
+        str(entry.get("reason") or ""),
     )
 
 
@@ -480,16 +501,90 @@ class FailureDecision:
 
 
 def on_failure(
-    delete_failed_pods: bool, container: str, workload: str, node: str, why: str
+    delete_failed_pods: bool, container: str, workload: str, node: str, why: str, *, never_fits: bool = False
 ) -> FailureDecision:
     """What to do when a container's cache request failed on the pod's node: delete the pod (rmd-operator's
-    documented behaviour: the pod's controller may place a new one elsewhere), or keep it and only report."""
+    documented behaviour: the pod's controller may place a new one elsewhere, or here once capacity or CPUs
+    are free), or keep it and only report.
+
+    A failure that can never pass on this node (`never_fits`: more ways than one L3 cache's pool holds, a
+    kubelet without exclusive CPUs, ...) never deletes the pod: its controller would create it again, the
+    scheduler (which counts the ways of all the node's L3 caches) may place it on the same node again, and so
+    on forever. The Event, posted once, says why and what to change."""
+    failed = f"container {container}: RmdWorkload {workload} failed on node {node}: {why}"
+    if never_fits:
+        message = (
+            f"{failed}. This cannot change on node {node}, so the pod is not deleted (its controller would "
+            "only create it again, and the scheduler may place it on this node again): it keeps running "
+            "without cache ways. Change the request, or keep the pod off this node"
+        )
+        event = EventText("Warning", WORKLOAD_FAILED, message, once=f"never-fits/{container}/{why}")
+        return FailureDecision(False, event)
     if delete_failed_pods:
         action = "deleting the pod (delete_failed_pods)"
     else:
         action = "the pod keeps running without it (delete_failed_pods is false)"
-    message = f"container {container}: RmdWorkload {workload} failed on node {node}: {why}; {action}"
-    return FailureDecision(delete_failed_pods, EventText("Warning", WORKLOAD_FAILED, message))
+    return FailureDecision(delete_failed_pods, EventText("Warning", WORKLOAD_FAILED, f"{failed}; {action}"))
+
+
+# -- the kubelet's part --------------------------------------------------------------------------------------
+
+
+def awaiting_kubelet(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's kubelet has not taken it yet: Pending without a start time. The kubelet sets
+    status.startTime with its first status of the pod, after admission (a pod it refuses turns Failed), so
+    until then there are no CPUs to ask its agent for."""
+    status = pod.get("status") or {}
+    return status.get("phase") == "Pending" and not status.get("startTime")
+
+
+_ADMISSION_ADVICE = {
+    "TopologyAffinityError": (
+        "Its topology manager (policy single-numa-node or restricted) found no NUMA node with the CPUs and "
+        f"the {CACHE_WAYS} of each container free together. A container's ways come from one L3 cache, so it "
+        "can have at most one L3 cache's guaranteed pool, next to its CPUs (the node's capacity adds up all "
+        "its L3 caches): lower the container's cache ways (or CPUs), or free some on that node. The kubelet "
+        "does not retry; a Deployment's or ReplicaSet's new pod may be placed on the same node again"
+    ),
+    "UnexpectedAdmissionError": (
+        f"The kubelet could not allocate the pod's devices or CPUs: typically the rmd agent's {CACHE_WAYS} "
+        "device plugin on that node has fewer healthy ways than the Node's allocatable says, or failed the "
+        "kubelet's Allocate call. Check the rmd-agent pod on that node (its log) and the Node's allocatable "
+        f"{CACHE_WAYS}"
+    ),
+    "SMTAlignmentError": (
+        "The static CPU manager's option full-pcpus-only needs whole physical cores: ask for a multiple of "
+        "the node's threads per core"
+    ),
+}
+
+
+def admission_rejection(pod: Mapping[str, Any]) -> EventText | None:
+    """The Warning for a pod its kubelet refused at admission (phase Failed, with the kubelet's reason: a
+    topology manager, device, CPU or resource-fit rejection), or None. Such a pod never ran: nothing is
+    created for it, and the Event is posted once."""
+    status = pod.get("status") or {}
+    reason = str(status.get("reason") or "")
+    if status.get("phase") != "Failed" or not reason:
+        return None
+    advice = _ADMISSION_ADVICE.get(reason)
+    if advice is None and reason.startswith("OutOf"):
+        advice = (
+            f"The node had not enough {reason.removeprefix('OutOf')} left when its kubelet admitted the pod "
+            "(taken by another pod after scheduling, or devices lost): create the pod again (a controller "
+            "does that by itself)"
+        )
+    if advice is None:
+        return None
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    kubelet_said = ": ".join(part for part in (reason, str(status.get("message") or "")) if part)
+    return EventText(
+        "Warning",
+        POD_REJECTED,
+        f"the kubelet of node {node} rejected the pod at admission ({kubelet_said}), so no container gets "
+        f"cache ways and no RmdWorkload is created. {advice}",
+        once=f"rejected/{reason}",
+    )
 
 
 # -- why a container's CPUs cannot be had -------------------------------------------------------------------

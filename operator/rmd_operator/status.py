@@ -8,6 +8,9 @@ Every node the workload targets (or still has to be removed from) has one entry 
     Pending      not applied yet, with the reason (agent unreachable, no agent, agent not ready, ...);
                  retried with backoff and whenever the node's agent or labels change
 
+A Failed or Pending entry also has a CamelCase `reason`, so readers (the pod flow) can tell a request the node
+can never take (Unsatisfiable, Unsupported) from one that may pass later (Rejected) without parsing messages.
+
 Status writes are merge patches of what differs from the object's current status (nothing when nothing does).
 """
 
@@ -28,6 +31,12 @@ PENDING = "Pending"
 REJECTION_CODES = frozenset({"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"})
 # Rejections that may pass later without a spec change (another workload frees ways, CPUs, CLOSIDs).
 TRANSIENT_REJECTION_CODES = frozenset({"RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"})
+# Reasons of Failed entries. UNSATISFIABLE: the agent says the node can never take the request as it is
+# (INVALID_ARGUMENT: larger than the node's pool per L3 cache, MBA the node lacks, ...); REJECTED: not now
+# (capacity, conflicts), retried. UNSUPPORTED (targets.py): the node lacks the feature altogether.
+UNSATISFIABLE = "Unsatisfiable"
+REJECTED = "Rejected"
+UNSUPPORTED = "Unsupported"
 # Anything else is Pending and retried with backoff; the reason says what kind of trouble it is.
 _PENDING_REASONS = {
     "UNAVAILABLE": "AgentUnreachable",
@@ -64,8 +73,10 @@ def applied(workload: agent_pb2.Workload) -> Outcome:
 
 def call_failed(code: str, message: str) -> Outcome:
     """The outcome of an agent call that failed with gRPC status `code` (its name) and `message`."""
+    if code in TRANSIENT_REJECTION_CODES:
+        return Outcome(FAILED, REJECTED, message, retry=True)
     if code in REJECTION_CODES:
-        return Outcome(FAILED, "Rejected", message, retry=code in TRANSIENT_REJECTION_CODES)
+        return Outcome(FAILED, UNSATISFIABLE, message)
     reason = _PENDING_REASONS.get(code, "AgentError")
     return Outcome(PENDING, reason, f"{code}: {message}" if message else code)
 
@@ -75,11 +86,13 @@ def blocked(status: str, reason: str, message: str) -> Outcome:
 
 
 def outcome_from_entry(entry: Mapping[str, Any]) -> Outcome:
-    """An entry of a stored status as an outcome (after an operator restart); the reason is unknown."""
+    """An entry of a stored status as an outcome (after an operator restart); its reason when it has one."""
     status = str(entry.get("status") or PENDING)
     response = str(entry.get("response") or "")
     _, _, message = response.partition(": ")
-    return Outcome(status if status in (SUCCESSFUL, FAILED, PENDING) else PENDING, "", message)
+    status = status if status in (SUCCESSFUL, FAILED, PENDING) else PENDING
+    reason = str(entry.get("reason") or "") if status != SUCCESSFUL else ""
+    return Outcome(status, reason, message, retry=status == FAILED and reason == REJECTED)
 
 
 # -- workloadStates entries ----------------------------------------------------------------------------------
@@ -93,7 +106,10 @@ def entry(outcome: Outcome) -> dict[str, Any]:
     """The workloadStates entry for an outcome (every field rmd-operator's status had, where known)."""
     if outcome.status != SUCCESSFUL or outcome.workload is None:
         prefix = "Fail" if outcome.status == FAILED else PENDING
-        return {"status": outcome.status, "response": f"{prefix}: {outcome.message}"}
+        failed = {"status": outcome.status, "response": f"{prefix}: {outcome.message}"}
+        if outcome.status != SUCCESSFUL and outcome.reason:
+            failed["reason"] = outcome.reason
+        return failed
     w = outcome.workload
     response = "Success: OK"
     if outcome.unconfirmed:
@@ -237,6 +253,9 @@ class EventText:
     type: str  # Normal or Warning
     reason: str
     message: str
+    # Set: the Event is posted at most once per object and key, even across operator restarts (its name is
+    # derived from the object's uid and the key, so the API server refuses a second one).
+    once: str = ""
 
 
 def _describe(workload: agent_pb2.Workload | None) -> str:

@@ -29,13 +29,16 @@ from typing import Any, Self
 import kubernetes
 import yaml
 
-from rmd_sim.control_plane import ControlPlane, find_bin_dir, repo_root
+from rmd_sim.control_plane import DEFAULT_CONTROLLERS, ControlPlane, find_bin_dir, repo_root
 from rmd_sim.netns import SUBNET, AgentNetwork
 from rmd_sim.netutil import free_port
 from rmd_sim.node import ClusterPki, SimNode
 from rmd_sim.spec import NodeSpec
 
 RDT_LABEL = "feature.node.kubernetes.io/cpu-rdt.RDTL3CA"  # what node-feature-discovery sets
+# Deployments and their ReplicaSets, so tests see what a controller does with a pod that is refused. Not the
+# node lifecycle controller: it would evict the pods of simulated nodes, which renew no Lease.
+CONTROLLERS = (*DEFAULT_CONTROLLERS, "deployment-controller", "replicaset-controller")
 SYSTEM_NAMESPACE = "rmd-system"
 
 
@@ -97,7 +100,11 @@ class SimCluster:
             crds = sorted((repo_root() / "crds").glob("*.yaml"))
             # Started in this (long-lived) thread: its components die with the thread that started them.
             self.control_plane = ControlPlane(
-                find_bin_dir(), self.workdir / "control-plane", crds=crds, scheduler=True
+                find_bin_dir(),
+                self.workdir / "control-plane",
+                crds=crds,
+                controllers=CONTROLLERS,
+                scheduler=True,
             )
             self.control_plane.start()
         with self.api_client() as api, contextlib.suppress(kubernetes.client.ApiException):

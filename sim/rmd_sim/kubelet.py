@@ -9,6 +9,13 @@ What it reproduces (reference notes numa-topology-podresources.md §1, §2):
 * Exclusive CPUs, via rmd_sim.cpumanager, only for containers of Guaranteed pods with an integer CPU
   request, and only with the `static` policy. Everything else shares the pool. A pod that cannot get its
   CPUs or devices is rejected (add_pod raises) and leaves no trace, like a failed kubelet admission.
+* The topology manager's `single-numa-node` policy (scope container; `topologyManagerPolicy` of the tree's
+  kubelet config, default `none`): a container's exclusive CPUs and its devices that report a NUMA node
+  must all come from one NUMA node with enough of each free (the lowest such node, as the kubelet's
+  narrowest-hint rule picks it). When none has them, the pod is rejected with the kubelet's reason
+  `TopologyAffinityError` and message "Resources cannot be allocated with Topology locality", and nothing
+  is allocated. The other policies (`best-effort`, `restricted`) and scope `pod` are not modelled: they
+  admit like `none`.
 * Device-plugin resources: from a static pool (`devices`) or, with `device_plugins=True`, from real device
   plugins that register on `<root>/var/lib/kubelet/device-plugins/kubelet.sock` (rmd_sim.devicemanager).
   Healthy devices not yet held are handed out, those on the NUMA nodes of the container's CPUs first (the
@@ -79,6 +86,10 @@ POD_LOGS_REL = "var/log/pods"
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 
 CpuManagerPolicy = Literal["static", "none"]
+SINGLE_NUMA_NODE = "single-numa-node"
+# The kubelet's topology manager rejection (pkg/kubelet/cm/topologymanager: TopologyAffinityError).
+TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
+TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
 QoS = Literal["Guaranteed", "Burstable", "BestEffort"]
 
 _add_servicer: Any = api_pb2_grpc.add_PodResourcesListerServicer_to_server  # generated without annotations
@@ -276,6 +287,7 @@ class SimPod:
     cpus: dict[str, frozenset[int]] = field(default_factory=dict)  # exclusive CPUs by container
     devices: dict[str, dict[str, tuple[Device, ...]]] = field(default_factory=dict)  # container -> resource
     envs: dict[str, dict[str, str]] = field(default_factory=dict)  # container -> what device plugins set
+    numa: dict[str, int] = field(default_factory=dict)  # container -> its NUMA node (single-numa-node)
 
 
 class AdmissionError(ValueError):
@@ -302,6 +314,7 @@ class SimKubelet:
         *,
         reserved_cpus: Iterable[int] = (),
         cpu_manager_policy: CpuManagerPolicy = "static",
+        topology_manager_policy: str = "none",
         devices: Mapping[str, Sequence[Device]] | None = None,
         device_plugins: bool = False,
         socket_path: Path | None = None,
@@ -317,6 +330,8 @@ class SimKubelet:
                 f"reserved cpus {format_cpu_list(self.reserved - topology.ids)} are not on the node"
             )
         self.policy: CpuManagerPolicy = cpu_manager_policy
+        # An attribute tests may change while it runs (a kubelet restarted with another policy).
+        self.topology_manager_policy = topology_manager_policy
         self._static_devices = {name: tuple(devs) for name, devs in (devices or {}).items()}
         self.device_manager = (
             DeviceManager(self.host_root / PLUGIN_DIR_REL, self._devices_changed) if device_plugins else None
@@ -340,12 +355,14 @@ class SimKubelet:
         *,
         reserved_cpus: Iterable[int] | None = None,
         cpu_manager_policy: CpuManagerPolicy | None = None,
+        topology_manager_policy: str | None = None,
         **kwargs: Any,
     ) -> SimKubelet:
         """A kubelet for a host tree: topology from its sysfs, the rest from the arguments.
 
-        Reserved CPUs and the CPU manager policy not given come from the tree's kubelet config
-        (reservedSystemCPUs, cpuManagerPolicy), defaulting to none reserved and `static`.
+        Reserved CPUs and the CPU and topology manager policies not given come from the tree's kubelet config
+        (reservedSystemCPUs, cpuManagerPolicy, topologyManagerPolicy), defaulting to none reserved, `static`
+        and `none` (the kubelet's default).
         """
         config = read_kubelet_config(Path(host_root))
         if reserved_cpus is None:
@@ -354,11 +371,14 @@ class SimKubelet:
             cpu_manager_policy = (
                 "static" if str(config.get("cpuManagerPolicy", "static")) == "static" else "none"
             )
+        if topology_manager_policy is None:
+            topology_manager_policy = str(config.get("topologyManagerPolicy") or "none")
         return cls(
             Path(host_root),
             read_topology(Path(host_root)),
             reserved_cpus=reserved_cpus,
             cpu_manager_policy=cpu_manager_policy,
+            topology_manager_policy=topology_manager_policy,
             **kwargs,
         )
 
@@ -465,7 +485,7 @@ class SimKubelet:
             for spec in pod.containers:
                 for resource, count in self._device_requests(spec):
                     candidates = self._device_candidates(pod, spec, resource, count, used)
-                    chosen = await self._preferred(resource, candidates, count, pod.cpus.get(spec.name))
+                    chosen = await self._preferred(resource, candidates, count, self._numa_of(pod, spec))
                     self._grant(pod, spec, resource, chosen, used)
             await self._allocate(pod)
             self._commit(pod)
@@ -474,7 +494,8 @@ class SimKubelet:
     def _plan_pod(
         self, namespace: str, name: str, uid: str, containers: Iterable[ContainerSpec | Sequence[Any]]
     ) -> SimPod:
-        """A new pod with its exclusive CPUs chosen; nothing is recorded yet."""
+        """A new pod with its exclusive CPUs (and, with single-numa-node, each container's NUMA node)
+        chosen; nothing is recorded yet."""
         if uid in self._pods:
             raise AdmissionError(f"pod uid {uid} already exists")
         if any(p.namespace == namespace and p.name == name for p in self._pods.values()):
@@ -482,16 +503,63 @@ class SimKubelet:
         specs = tuple(ContainerSpec.of(c) for c in containers)
         pod = SimPod(namespace, name, uid, specs, qos_class(specs))
         assigned = self.assignments()
+        claimed: dict[tuple[str, int], int] = {}  # (resource, NUMA node) -> devices earlier containers take
         for spec in specs:
             count = exclusive_cpu_count(pod.qos, spec) if self.policy == "static" else 0
+            reserved = self.reserved
+            if self.topology_manager_policy == SINGLE_NUMA_NODE:
+                node = self._single_numa_node(spec, count, assigned, claimed)
+                if node is not None:
+                    pod.numa[spec.name] = node
+                    reserved = reserved | (self.topology.ids - self.topology.numa_nodes[node])
             if count:
                 try:
-                    cpus = cpumanager.allocate(self.topology, self.reserved, assigned, count)
+                    cpus = cpumanager.allocate(self.topology, reserved, assigned, count)
                 except cpumanager.NotEnoughCpus as exc:
                     raise AdmissionError(f"pod {namespace}/{name} container {spec.name}: {exc}") from exc
                 pod.cpus[spec.name] = cpus
                 assigned[(uid, spec.name)] = cpus
         return pod
+
+    def _single_numa_node(
+        self,
+        spec: ContainerSpec,
+        cpus: int,
+        assigned: Mapping[tuple[str, str], frozenset[int]],
+        claimed: dict[tuple[str, int], int],
+    ) -> int | None:
+        """The NUMA node the topology manager (single-numa-node) aligns the container to: the lowest one with
+        `cpus` free exclusive CPUs and enough free devices of each requested resource that reports NUMA
+        nodes. None when nothing of the container cares about NUMA (shared CPUs, no such devices).
+        AdmissionError (TopologyAffinityError) when no node has it all."""
+        used = self._used_devices()
+        wanted = {
+            resource: count
+            for resource, count in self._device_requests(spec)
+            if any(d.numa_nodes for d in self.devices[resource])
+        }
+        if not cpus and not wanted:
+            return None
+        free_cpus = cpumanager.free_cpus(self.topology, self.reserved, assigned)
+
+        def fits(node: int) -> bool:
+            if cpus and len(free_cpus & self.topology.numa_nodes[node]) < cpus:
+                return False
+            for resource, count in wanted.items():
+                # A device counts for a NUMA node it is attached to (the device manager's hint rule).
+                near = [
+                    d for d in self.devices[resource] if node in d.numa_nodes and (resource, d.id) not in used
+                ]
+                if len(near) - claimed.get((resource, node), 0) < count:
+                    return False
+            return True
+
+        node = next((n for n in sorted(self.topology.numa_nodes) if fits(n)), None)
+        if node is None:
+            raise AdmissionError(TOPOLOGY_AFFINITY_MESSAGE, reason=TOPOLOGY_AFFINITY_ERROR)
+        for resource, count in wanted.items():
+            claimed[(resource, node)] = claimed.get((resource, node), 0) + count
+        return node
 
     def _commit(self, pod: SimPod) -> None:
         self._pods[pod.uid] = pod
@@ -530,22 +598,24 @@ class SimKubelet:
                 f"pod {pod.namespace}/{pod.name} container {spec.name}: requested number of devices "
                 f"unavailable for {resource}. Requested: {count}, Available: {len(free)}"
             )
-        numa = self._numa_of(pod.cpus.get(spec.name))
+        numa = self._numa_of(pod, spec)
         free.sort(key=lambda d: (not (d.numa_nodes and d.numa_nodes <= numa), not d.numa_nodes & numa))
         return free
 
-    def _numa_of(self, cpus: Iterable[int] | None) -> frozenset[int]:
-        return frozenset(self.topology.cpu(c).numa for c in cpus or ())
+    def _numa_of(self, pod: SimPod, spec: ContainerSpec) -> frozenset[int]:
+        """The NUMA nodes the container's devices should come from: its aligned node, else its CPUs' nodes."""
+        if spec.name in pod.numa:
+            return frozenset({pod.numa[spec.name]})
+        return frozenset(self.topology.cpu(c).numa for c in pod.cpus.get(spec.name, ()))
 
     async def _preferred(
-        self, resource: str, candidates: list[Device], count: int, cpus: frozenset[int] | None
+        self, resource: str, candidates: list[Device], count: int, numa: frozenset[int]
     ) -> list[Device]:
         chosen = candidates[:count]
         manager = self.device_manager
         options = manager.options(resource) if manager is not None else None
         if manager is None or options is None or not options.get_preferred_allocation_available:
             return chosen
-        numa = self._numa_of(cpus)
         aligned = [d for d in candidates if d.numa_nodes and d.numa_nodes <= numa]
         offer = aligned if len(aligned) >= count else candidates
         try:

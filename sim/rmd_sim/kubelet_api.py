@@ -19,8 +19,9 @@ What it does of the kubelet's job, and how:
      node reports (requests; a missing request defaults to the limit; resources the node does not report
      are ignored, like the kubelet's removeMissingExtendedResources) -> Failed, reason `OutOf<resource>`,
      message "Node didn't have enough resource: ...";
-  2. SimKubelet.admit_pod: static CPU manager, device manager with the plugins' Allocate
-     -> Failed, reason `UnexpectedAdmissionError` (or AdmissionError.reason).
+  2. SimKubelet.admit_pod: topology manager (single-numa-node), static CPU manager, device manager with the
+     plugins' Allocate -> Failed, reason `TopologyAffinityError` (message "Resources cannot be allocated
+     with Topology locality") or `UnexpectedAdmissionError` (AdmissionError.reason).
   Admitted pods get status Running with the conditions Initialized, PodReadyToStartContainers,
   ContainersReady, Ready and PodScheduled True, a podIP from `pod_cidr` (the node IP with hostNetwork),
   hostIP and running container statuses. Rejections read "Pod was rejected: <message>", as the kubelet

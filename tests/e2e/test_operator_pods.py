@@ -2,14 +2,16 @@
 cluster get their RmdWorkloads, enforced in the nodes' resctrl, and lose them with the pod.
 
 One SimCluster for the module: a real control plane with the real kube-scheduler (pods are scheduled, not
-bound by hand), garbage collector and namespace controller; three simulated nodes, each with a simulated
-kubelet joined to the API server (static CPU manager, the agents' cache-ways device plugin) and a real
-`rmd-agent serve`; and the real `rmd-operator run` process. Nothing is mocked.
+bound by hand), garbage collector, namespace, Deployment and ReplicaSet controllers; three simulated nodes,
+each with a simulated kubelet joined to the API server (static CPU manager, topology manager policy
+single-numa-node, the agents' cache-ways device plugin) and a real `rmd-agent serve`; and the real
+`rmd-operator run` process. Nothing is mocked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
@@ -415,32 +417,107 @@ async def test_pods_that_cannot_have_cache_ways_get_an_event_and_nothing_else(
     assert list_workloads(api, namespace) == []
 
 
-async def test_a_workload_failing_on_the_node_deletes_its_pod(
+async def test_a_deployment_asking_more_ways_than_one_cache_holds_is_refused_once_not_recreated(
     cluster: SimCluster, api: Any, new_namespace: Callable[[], str]
 ) -> None:
+    """6 ways: the node's capacity has them (two L3 caches' guaranteed pools of 5: what the scheduler checks),
+    but one cache's pool holds only 5. On a kubelet without a topology manager policy the pod is admitted with
+    ways of both caches and its workload fails; deleting the pod would only make the ReplicaSet create it
+    again, the scheduler place it here again, and so on. It is refused once and kept."""
     namespace = new_namespace()
-    # 6 ways: the kubelet has them (two caches' pools of 5), but one cache's pool is only 5.
-    created = core_api(api).create_namespaced_pod(
-        namespace, pod_body("greedy", guaranteed_container("app", cpus=2, ways=6))
-    )
-    pod_name, uid = created.metadata.name, created.metadata.uid  # it may be gone before it is seen Running
-    event = await eventually(
-        cluster, lambda: event_with(api, namespace, pod_name, "CacheWorkloadFailed"), "the failure Event"
-    )
-    assert "greedy-rmd-workload-app" in event.message and "deleting the pod" in event.message
-    assert "exceeds" in event.message  # the agent's reason
+    node = cluster.nodes[sorted(cluster.nodes)[0]]
+    assert node.kubelet is not None
+    node.kubelet.topology_manager_policy = "none"  # admitted without alignment (the kubelet's default)
+    labels = {"app": "greedy"}
+    pod_spec = pod_body("greedy", guaranteed_container("app", cpus=2, ways=6), node=node.name)["spec"]
+    template = {"metadata": {"labels": labels}, "spec": pod_spec}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "greedy"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
+    }
+    apps: Any = client.AppsV1Api(api)  # Any: the client's own annotations are partial
+    seen: set[str] = set()  # uids of every pod of the Deployment
 
-    def pod_gone() -> bool:
-        try:
-            current = read_pod(api, namespace, pod_name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return True
-            raise
-        return bool(current["metadata"]["uid"] != uid)
+    def pods_of_deployment() -> list[Obj]:
+        listed = core_api(api).list_namespaced_pod(
+            namespace, label_selector="app=greedy", _preload_content=False
+        )
+        items: list[Obj] = yaml.safe_load(listed.data)["items"]
+        seen.update(p["metadata"]["uid"] for p in items)
+        return items
 
-    await eventually(cluster, pod_gone, "the failed pod to be deleted")
-    await eventually(cluster, lambda: list_workloads(api, namespace) == [], "its RmdWorkload to go with it")
+    try:
+        await asyncio.to_thread(apps.create_namespaced_deployment, namespace, deployment)
+        (first,) = await eventually(cluster, pods_of_deployment, "the Deployment's pod")
+        pod_name = first["metadata"]["name"]
+        event = await eventually(
+            cluster, lambda: event_with(api, namespace, pod_name, "CacheWorkloadFailed"), "the failure Event"
+        )
+        assert event.type == "Warning" and f"{pod_name}-rmd-workload-app" in event.message
+        assert (
+            "exceeds this node's guaranteed pool of 5 ways per L3 cache" in event.message
+        )  # the agent's why
+        assert "ask for at most 5" in event.message and "the pod is not deleted" in event.message
+        workload = read_workload(api, namespace, f"{pod_name}-rmd-workload-app")
+        assert node_entry(workload, node.name) == {
+            "status": "Failed",
+            "reason": "Unsatisfiable",
+            "response": node_entry(workload, node.name)["response"],  # type: ignore[index]
+        }
+        deadline = time.monotonic() + 20  # a loop would have deleted and re-created it several times by now
+        while time.monotonic() < deadline:
+            current = await asyncio.to_thread(pods_of_deployment)
+            assert [p["metadata"]["uid"] for p in current] == [first["metadata"]["uid"]]
+            assert current[0]["metadata"].get("deletionTimestamp") is None
+            await asyncio.sleep(0.5)
+        assert seen == {first["metadata"]["uid"]}  # exactly one pod over the whole time
+        events = await asyncio.to_thread(events_of, api, namespace, pod_name)
+        failures = [e for e in events if e.reason == "CacheWorkloadFailed"]
+        assert len(failures) == 1 and (failures[0].count or 1) == 1
+    finally:
+        node.kubelet.topology_manager_policy = "single-numa-node"
+        with contextlib.suppress(ApiException):
+            await asyncio.to_thread(client.AppsV1Api(api).delete_namespaced_deployment, "greedy", namespace)
+
+
+async def test_a_pod_its_kubelet_refuses_at_admission_gets_nothing_but_one_warning(
+    cluster: SimCluster, api: Any, new_namespace: Callable[[], str]
+) -> None:
+    """The same 6 ways on a kubelet whose topology manager policy is single-numa-node: no NUMA node has 6 ways
+    (5 per L3 cache), so the kubelet refuses the pod (Failed, TopologyAffinityError). The operator creates
+    nothing for it and says why, once."""
+    namespace = new_namespace()
+    node = cluster.nodes[sorted(cluster.nodes)[1]]
+    assert node.kubelet is not None and node.kubelet.topology_manager_policy == "single-numa-node"
+    body = pod_body("unaligned", guaranteed_container("app", cpus=2, ways=6), node=node.name)
+    pod_name = await asyncio.to_thread(create_pod, api, namespace, body)
+    pod = await eventually(
+        cluster,
+        lambda: (p := read_pod(api, namespace, pod_name)).get("status", {}).get("phase") == "Failed" and p,
+        "the kubelet to refuse the pod",
+    )
+    assert pod["status"]["reason"] == "TopologyAffinityError"
+    assert (
+        pod["status"]["message"] == "Pod was rejected: Resources cannot be allocated with Topology locality"
+    )
+    warning = await eventually(
+        cluster,
+        lambda: event_with(api, namespace, pod_name, "CacheWaysPodRejected"),
+        "the operator's Warning",
+    )
+    assert warning.type == "Warning" and warning.source.component == "rmd-operator"
+    assert (
+        f"the kubelet of node {node.name} rejected the pod at admission (TopologyAffinityError: Pod was "
+        "rejected: Resources cannot be allocated with Topology locality)" in warning.message
+    )
+    assert "lower the container's cache ways" in warning.message
+    await asyncio.sleep(5)  # pod updates, RmdWorkload watch events, drift intervals: nothing more
+    events = await asyncio.to_thread(events_of, api, namespace, pod_name)
+    assert [e.reason for e in events if e.source.component == "rmd-operator"] == ["CacheWaysPodRejected"]
+    assert list_workloads(api, namespace) == []
+    assert node.kubelet.find_pod(namespace, pod_name) is None  # nothing allocated on the node
 
 
 async def test_with_delete_failed_pods_false_the_pod_stays(

@@ -286,7 +286,27 @@ async def test_pods_that_do_not_fit_fail_with_the_kubelets_reason(sim_node: SimN
     assert await sim_node.pod_resources() == []
 
 
+async def test_single_numa_node_refuses_what_one_numa_node_cannot_hold(
+    sim_node: SimNode, namespace: str
+) -> None:
+    assert sim_node.kubelet.topology_manager_policy == "single-numa-node"  # the host tree's kubelet config
+    per_numa = CPUS // SPEC.numa_nodes
+    spanning = await sim_node.create_pod(namespace, "spanning", str(per_numa + 1))
+    assert spanning["status"]["phase"] == "Failed"
+    assert spanning["status"]["reason"] == "TopologyAffinityError"  # as the real kubelet's topology manager
+    assert spanning["status"]["message"] == (
+        "Pod was rejected: Resources cannot be allocated with Topology locality"
+    )
+    assert sim_node.kubelet.pods == [] and await sim_node.pod_resources() == []
+    fits = await sim_node.create_pod(
+        namespace, "fits", str(per_numa - 1)
+    )  # NUMA node 0 holds the reserved CPU
+    assert fits["status"]["phase"] == "Running"
+
+
 async def test_deleting_a_pod_releases_its_cpus(sim_node: SimNode, namespace: str) -> None:
+    # Pods of more CPUs than one NUMA node has: a kubelet without a topology manager policy admits them.
+    sim_node.kubelet.topology_manager_policy = "none"
     first = await sim_node.create_pod(namespace, "first", "10")
     assert first["status"]["phase"] == "Running"
     held = exclusive_cpus(await sim_node.pod_resources(), namespace, "first")

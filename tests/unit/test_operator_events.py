@@ -100,3 +100,29 @@ async def test_several_events_are_in_flight_at_once() -> None:
         poster.post(POD, EventText("Normal", f"R{i}", "m"))
     await poster.close()
     assert len(core.created) == 8 and core.most == events_module._SENDERS > 1
+
+
+def test_an_event_posted_once_has_a_name_of_its_object_and_key() -> None:
+    once = EventText("Warning", "CacheWaysPodRejected", "m", once="rejected/TopologyAffinityError")
+    body = event_body(POD, once, instance="op-1", now=NOW)
+    name = body["metadata"]["name"]
+    assert "generateName" not in body["metadata"] and name.startswith("web.") and len(name) == 4 + 16
+    # The same object and key (another operator process): the same name. Another key or pod: another.
+    assert event_body(POD, once, instance="op-2", now=NOW)["metadata"]["name"] == name
+    other_key = EventText("Warning", "CacheWaysPodRejected", "m", once="rejected/OutOfcpu")
+    assert event_body(POD, other_key, instance="op-1", now=NOW)["metadata"]["name"] != name
+    other_pod = {**POD, "metadata": {**POD["metadata"], "uid": "u2"}}
+    assert event_body(other_pod, once, instance="op-1", now=NOW)["metadata"]["name"] != name
+    long_pod = {**POD, "metadata": {**POD["metadata"], "name": "p" * 253}}
+    assert len(event_body(long_pod, once, instance="op-1", now=NOW)["metadata"]["name"]) == 253
+
+
+@pytest.mark.asyncio
+async def test_an_event_posted_once_is_not_posted_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events_module, "_TRIES", (0.0, 0.0))
+    core = FakeCore([None, 409])  # the second create: AlreadyExists (409), as from the API server
+    poster = EventPoster(core, "op-1")
+    for _ in range(2):
+        poster.post(POD, EventText("Warning", "Once", "m", once="k"))
+    await poster.close()
+    assert core.created == [("ns", "Once")] and core.calls == 2  # not retried

@@ -55,6 +55,7 @@ def pod(
     init: Sequence[Obj] = (),
     qos: str | None = None,
     phase: str | None = None,
+    status: Obj | None = None,
 ) -> Obj:
     body: Obj = {
         "apiVersion": "v1",
@@ -74,7 +75,14 @@ def pod(
         body["status"]["qosClass"] = qos
     if phase:
         body["status"]["phase"] = phase
+    body["status"].update(status or {})
     return body
+
+
+def rejected_pod(reason: str = "TopologyAffinityError", **fields: Any) -> Obj:
+    """The pod as its kubelet leaves it after refusing it at admission."""
+    message = "Pod was rejected: Resources cannot be allocated with Topology locality"
+    return pod(phase="Failed", status={"reason": reason, "message": message}, **fields)
 
 
 # -- qualification -------------------------------------------------------------------------------------------
@@ -340,13 +348,84 @@ def test_node_state_only_for_the_current_generation() -> None:
     assert pods.node_state(workload, "worker-2") is None
 
 
+@pytest.mark.parametrize(
+    ("status", "reason", "never_fits"),
+    [
+        ("Failed", "Unsatisfiable", True),  # the agent: INVALID_ARGUMENT (e.g. more ways than a pool holds)
+        ("Failed", "Unsupported", True),  # the node has no RDT L3 CAT (or MBA) at all
+        ("Failed", "Rejected", False),  # capacity, conflicts: may pass later
+        ("Failed", "", False),  # an entry of an operator that wrote no reason: as before
+        ("Pending", "AgentUnreachable", False),
+    ],
+)
+def test_node_state_tells_failures_that_never_pass_on_the_node(
+    status: str, reason: str, never_fits: bool
+) -> None:
+    entry = {"status": status, "response": "Fail: x", **({"reason": reason} if reason else {})}
+    workload: Obj = {
+        "metadata": {"name": "w", "generation": 1},
+        "status": {"observedGeneration": 1, "workloadStates": {"worker-1": entry}},
+    }
+    state = pods.node_state(workload, "worker-1")
+    assert state is not None and state.reason == reason and state.never_fits is never_fits
+
+
 @pytest.mark.parametrize("delete", [True, False])
 def test_failure_decision(delete: bool) -> None:
-    decision = pods.on_failure(delete, "c", "web-rmd-workload-c", "worker-1", "cache max=6 exceeds the pool")
+    decision = pods.on_failure(delete, "c", "web-rmd-workload-c", "worker-1", "not enough cache left")
     assert decision.delete_pod is delete
     assert decision.event.type == "Warning" and decision.event.reason == pods.WORKLOAD_FAILED
-    assert "cache max=6 exceeds the pool" in decision.event.message
+    assert "not enough cache left" in decision.event.message
     assert ("deleting the pod" in decision.event.message) is delete
+
+
+@pytest.mark.parametrize("delete", [True, False])
+def test_a_failure_that_never_passes_on_the_node_never_deletes_the_pod(delete: bool) -> None:
+    why = "cache max=6 exceeds this node's guaranteed pool of 5 ways per L3 cache (...): ask for at most 5"
+    decision = pods.on_failure(delete, "c", "web-rmd-workload-c", "worker-1", why, never_fits=True)
+    assert decision.delete_pod is False
+    event = decision.event
+    assert (event.type, event.reason) == ("Warning", pods.WORKLOAD_FAILED)
+    assert why in event.message and "deleting" not in event.message
+    assert "cannot change on node worker-1, so the pod is not deleted" in event.message
+    assert "its controller would only create it again" in event.message
+    assert event.once  # posted once, even across operator restarts
+
+
+@pytest.mark.parametrize(
+    ("reason", "says"),
+    [
+        ("TopologyAffinityError", "at most one L3 cache's guaranteed pool"),
+        ("UnexpectedAdmissionError", "device plugin"),
+        ("SMTAlignmentError", "threads per core"),
+        ("OutOfintel.com/l3_cache_ways", "not enough intel.com/l3_cache_ways left"),
+    ],
+)
+def test_a_pod_refused_by_its_kubelet_gets_one_warning_quoting_it(reason: str, says: str) -> None:
+    event = pods.admission_rejection(rejected_pod(reason))
+    assert event is not None
+    assert (event.type, event.reason) == ("Warning", pods.POD_REJECTED)
+    assert event.message.startswith(
+        f"the kubelet of node worker-1 rejected the pod at admission ({reason}: Pod was rejected: "
+        "Resources cannot be allocated with Topology locality), so no container gets cache ways and no "
+        "RmdWorkload is created. "
+    )
+    assert says in event.message
+    assert event.once == f"rejected/{reason}"
+
+
+def test_other_pods_are_not_admission_rejections() -> None:
+    assert pods.admission_rejection(pod(phase="Running")) is None
+    assert pods.admission_rejection(pod(phase="Failed")) is None  # its containers failed: no reason
+    assert pods.admission_rejection(pod(phase="Failed", status={"reason": "Evicted"})) is None
+    assert pods.admission_rejection(pod(phase="Pending", status={"reason": "TopologyAffinityError"})) is None
+
+
+def test_a_pod_awaits_its_kubelet_until_it_has_a_start_time() -> None:
+    assert pods.awaiting_kubelet(pod(phase="Pending"))
+    assert not pods.awaiting_kubelet(pod(phase="Pending", status={"startTime": "2026-01-01T00:00:00Z"}))
+    assert not pods.awaiting_kubelet(pod(phase="Running"))
+    assert not pods.awaiting_kubelet(rejected_pod())
 
 
 @pytest.mark.parametrize(
@@ -486,13 +565,16 @@ class FakeObjects:
     async def container_started(self, namespace: str, name: str, uid: str, container: str) -> bool:
         return (namespace, name, container) not in self.not_started
 
-    def set_status(self, namespace: str, name: str, node: str, status: str, response: str) -> Obj:
+    def set_status(
+        self, namespace: str, name: str, node: str, status: str, response: str, *, reason: str = ""
+    ) -> Obj:
         obj = self.workloads[(namespace, name)]
+        entry = {"status": status, "response": response, "cosName": "COS3", "coreIds": ["1-2"]}
+        if reason:
+            entry["reason"] = reason
         obj["status"] = {
             "observedGeneration": obj["metadata"]["generation"],
-            "workloadStates": {
-                node: {"status": status, "response": response, "cosName": "COS3", "coreIds": ["1-2"]}
-            },
+            "workloadStates": {node: entry},
         }
         return copy.deepcopy(obj)
 
@@ -667,14 +749,35 @@ async def test_failure_on_the_node_deletes_the_pod_unless_told_not_to(delete: bo
     h.flow.pod_changed(None, pod())
     await h.until(lambda: ("ns", "web-rmd-workload-c") in h.objects.workloads)
     failed = h.objects.set_status(
-        "ns", "web-rmd-workload-c", "worker-1", "Failed", "Fail: cache max=6 exceeds the pool"
+        "ns", "web-rmd-workload-c", "worker-1", "Failed", "Fail: not enough cache left", reason="Rejected"
     )
     h.flow.workload_changed("MODIFIED", failed)
     h.flow.workload_changed("MODIFIED", failed)  # the same state again: nothing new
     await asyncio.sleep(0.05)
     assert h.reasons() == [pods.WORKLOAD_FAILED]
-    assert "cache max=6 exceeds the pool" in h.events[0][1].message
+    assert "not enough cache left" in h.events[0][1].message
     assert h.objects.deleted_pods == ([("ns", "web", "uid-1")] if delete else [])
+    await h.flow.close()
+
+
+async def test_a_request_the_node_can_never_take_is_refused_once_and_the_pod_kept() -> None:
+    """More ways than one L3 cache's pool holds (the scheduler counted all the node's caches): deleting the
+    pod would only make its ReplicaSet create it again, be scheduled here again, fail again, ... forever."""
+    h = Harness()  # delete_failed_pods: true (the default)
+    h.agents.allocate("ns", "web", "c", 1)
+    h.flow.pod_changed(None, pod(container("c", ways="6")))
+    await h.until(lambda: ("ns", "web-rmd-workload-c") in h.objects.workloads)
+    why = "cache max=6 exceeds this node's guaranteed pool of 5 ways per L3 cache (...): ask for at most 5"
+    failed = h.objects.set_status(
+        "ns", "web-rmd-workload-c", "worker-1", "Failed", f"Fail: {why}", reason="Unsatisfiable"
+    )
+    for _ in range(3):  # the same status again (a resync): nothing new
+        h.flow.workload_changed("MODIFIED", failed)
+    await asyncio.sleep(0.05)
+    assert h.objects.deleted_pods == []
+    assert h.reasons() == [pods.WORKLOAD_FAILED]
+    event = h.events[0][1]
+    assert why in event.message and "the pod is not deleted" in event.message and event.once
     await h.flow.close()
 
 
@@ -693,14 +796,56 @@ async def test_no_exclusive_cpus_before_the_container_started_is_waited_out() ->
     await h.flow.close()
 
 
-async def test_no_exclusive_cpus_is_a_failure() -> None:
+async def test_no_exclusive_cpus_is_a_failure_that_keeps_the_pod() -> None:
+    """The kubelet's CPU manager policy is not static: no new pod on this node would fare better."""
     h = Harness()
     h.agents.answers[("ns", "web", "c")] = [
         agent_pb2.GetContainerCpusResponse(state=NOT_EXCLUSIVE, detail="shared pool")
     ]
     h.flow.pod_changed(None, pod())
-    await h.until(lambda: bool(h.objects.deleted_pods))
+    await h.until(lambda: bool(h.events))
+    await asyncio.sleep(0.05)
     assert h.reasons() == [pods.WORKLOAD_FAILED] and not h.objects.workloads
+    assert "CPU manager policy is not static" in h.events[0][1].message
+    assert h.objects.deleted_pods == []
+    await h.flow.close()
+
+
+async def test_a_pod_refused_by_its_kubelet_gets_one_warning_and_nothing_else() -> None:
+    """Bound, then refused at admission (single-numa-node could not align its CPUs and ways): no call to
+    the agent for its CPUs, no RmdWorkload, one Warning quoting the kubelet."""
+    h = Harness()
+    h.agents.allocate("ns", "web", "c", 1)
+    h.flow.pod_changed(None, pod(phase="Pending"))  # scheduled; its kubelet has not taken it yet
+    await asyncio.sleep(0.1)
+    assert h.agents.cpu_calls == 0 and h.events == []
+    for _ in range(3):  # the refusal, then further updates of the refused pod
+        h.flow.pod_changed("MODIFIED", rejected_pod())
+    await asyncio.sleep(0.05)
+    assert h.reasons() == [pods.POD_REJECTED]
+    assert "(TopologyAffinityError: Pod was rejected: Resources cannot" in h.events[0][1].message
+    assert h.agents.cpu_calls == 0 and not h.objects.workloads and h.objects.deleted_pods == []
+    assert h.objects.writes == []
+    await h.flow.close()
+
+
+async def test_a_refused_pod_seen_first_at_start_gets_its_warning_too() -> None:
+    h = Harness()
+    h.flow.pod_changed(None, rejected_pod("UnexpectedAdmissionError"))
+    await asyncio.sleep(0.05)
+    assert h.reasons() == [pods.POD_REJECTED] and h.agents.cpu_calls == 0 and h.objects.writes == []
+    await h.flow.close()
+
+
+async def test_cpus_are_asked_for_once_the_kubelet_took_the_pod() -> None:
+    h = Harness()
+    h.agents.allocate("ns", "web", "c", 4)
+    h.flow.pod_changed(None, pod(phase="Pending"))
+    await asyncio.sleep(0.1)
+    assert h.agents.cpu_calls == 0
+    h.flow.pod_changed("MODIFIED", pod(phase="Running", status={"startTime": "2026-01-01T00:00:00Z"}))
+    await h.until(lambda: ("ns", "web-rmd-workload-c") in h.objects.workloads)
+    assert h.agents.cpu_calls == 1 and h.events == []
     await h.flow.close()
 
 
@@ -726,7 +871,8 @@ async def test_same_pod_name_in_two_namespaces_never_mixes() -> None:
     assert (b["spec"]["coreIds"], pods.owner_pod_uid(b)) == (["8-9"], "ub")
     # b's failure concerns b's pod only.
     h.flow.workload_changed(
-        "MODIFIED", h.objects.set_status("b", "web-rmd-workload-c", "worker-1", "Failed", "Fail: x")
+        "MODIFIED",
+        h.objects.set_status("b", "web-rmd-workload-c", "worker-1", "Failed", "Fail: x", reason="Rejected"),
     )
     await h.until(lambda: bool(h.objects.deleted_pods))
     assert h.objects.deleted_pods == [("b", "web", "ub")]

@@ -221,7 +221,11 @@ async def test_capacity_rejection_is_retried_at_the_drift_interval_invalid_is_no
 
     agents.apply = apply
     await r.reconcile(obj, cluster("a"))
-    assert obj["status"]["workloadStates"]["a"] == {"status": "Failed", "response": "Fail: no ways left"}
+    assert obj["status"]["workloadStates"]["a"] == {
+        "status": "Failed",
+        "response": "Fail: no ways left",
+        "reason": "Rejected",
+    }
     clock.now += 10
     await r.reconcile(obj, cluster("a"))
     assert agents.count("apply", "a") == 1
@@ -229,6 +233,8 @@ async def test_capacity_rejection_is_retried_at_the_drift_interval_invalid_is_no
     failures[0] = CallFailure("INVALID_ARGUMENT", "cpu 1 offline")
     await r.reconcile(obj, cluster("a"))
     assert agents.count("apply", "a") == 2
+    # The status says which of the two it is (the pod flow deletes pods for the retried kind only).
+    assert obj["status"]["workloadStates"]["a"]["reason"] == "Unsatisfiable"
     clock.now += 300
     await r.reconcile(obj, cluster("a"))
     assert agents.count("apply", "a") == 2  # an invalid request waits for a change

@@ -59,7 +59,7 @@ def test_policy_is_reported_and_absent_parts_are_left_out() -> None:
 @pytest.mark.parametrize(
     ("code", "status", "reason", "retry"),
     [
-        ("INVALID_ARGUMENT", st.FAILED, "Rejected", False),
+        ("INVALID_ARGUMENT", st.FAILED, "Unsatisfiable", False),
         ("RESOURCE_EXHAUSTED", st.FAILED, "Rejected", True),
         ("FAILED_PRECONDITION", st.FAILED, "Rejected", True),
         ("UNAVAILABLE", st.PENDING, "AgentUnreachable", False),
@@ -74,19 +74,35 @@ def test_agent_errors(code: str, status: str, reason: str, retry: bool) -> None:
     response = st.entry(outcome)["response"]
     assert "not enough cache left on cache_id 0" in response
     assert response.startswith("Fail: " if status == st.FAILED else "Pending: ")
+    assert st.entry(outcome)["reason"] == reason
 
 
-def test_failed_entry_has_the_agents_message_only() -> None:
+def test_failed_entry_has_the_agents_message_and_the_kind_of_failure() -> None:
     assert st.entry(st.call_failed("FAILED_PRECONDITION", "CPU 6 is held by ns/other")) == {
         "status": "Failed",
         "response": "Fail: CPU 6 is held by ns/other",
+        "reason": "Rejected",
+    }
+    assert st.entry(st.call_failed("INVALID_ARGUMENT", "cache max=6 exceeds ...")) == {
+        "status": "Failed",
+        "response": "Fail: cache max=6 exceeds ...",
+        "reason": "Unsatisfiable",
     }
 
 
-def test_entry_read_back_keeps_status_and_message() -> None:
+def test_entry_read_back_keeps_status_message_and_reason() -> None:
     back = st.outcome_from_entry({"status": "Pending", "response": "Pending: UNAVAILABLE: refused"})
     assert (back.status, back.reason, back.message) == ("Pending", "", "UNAVAILABLE: refused")
     assert st.outcome_from_entry({"status": "Weird"}).status == st.PENDING
+    for code in ("RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"):
+        outcome = st.call_failed(code, "why")
+        back = st.outcome_from_entry(st.entry(outcome))
+        assert (back.status, back.reason, back.message, back.retry) == (
+            outcome.status,
+            outcome.reason,
+            outcome.message,
+            outcome.retry,
+        )
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from rmd_sim.cpumanager import Topology
 from rmd_sim.devicemanager import Device, is_extended_resource_name
 from rmd_sim.hosttree import write_host_tree
-from rmd_sim.kubelet import ContainerSpec, SimKubelet
+from rmd_sim.kubelet import AdmissionError, ContainerSpec, SimKubelet
 from rmd_sim.kubelet_api import (
     container_specs,
     fit_failure,
@@ -129,3 +130,60 @@ def test_node_resources_of_a_host_tree(tmp_path: Path) -> None:
 )
 def test_extended_resource_names(name: str, ok: bool) -> None:
     assert is_extended_resource_name(name) is ok
+
+
+# --- the topology manager (single-numa-node) ---
+
+CACHE_WAYS = "intel.com/l3_cache_ways"
+
+
+def numa_kubelet(root: Path, policy: str) -> SimKubelet:
+    """8 CPUs on 2 NUMA nodes (0-3, 4-7), none reserved; 3 cache ways next to each NUMA node."""
+    ways = [Device(f"ways-{numa}-{i}", numa) for numa in (0, 1) for i in range(3)]
+    topology = Topology.uniform(sockets=2, cores_per_socket=4, threads=1)
+    return SimKubelet(root, topology, devices={CACHE_WAYS: ways}, topology_manager_policy=policy)
+
+
+def app(cpu: str, ways: int, memory: str | None = "1Gi", name: str = "app") -> ContainerSpec:
+    return ContainerSpec(name, cpu, cpu, memory, memory, {CACHE_WAYS: ways})
+
+
+def test_single_numa_node_refuses_what_no_numa_node_holds_like_the_kubelet(tmp_path: Path) -> None:
+    kubelet = numa_kubelet(tmp_path, "single-numa-node")
+    kubelet.add_pod("ns", "first", "u1", [app("1", 1)])
+    state = kubelet.state_path.read_text()
+    for containers in ([app("2", 4)], [app("5", 1)], [app("500m", 4, memory=None)]):
+        with pytest.raises(AdmissionError) as refused:
+            kubelet.add_pod("ns", "big", "u2", containers)
+        assert refused.value.reason == "TopologyAffinityError"
+        assert str(refused.value) == "Resources cannot be allocated with Topology locality"
+        assert [p.name for p in kubelet.pods] == ["first"]  # nothing allocated
+        assert kubelet.state_path.read_text() == state
+
+
+def test_without_a_topology_manager_policy_resources_span_numa_nodes(tmp_path: Path) -> None:
+    kubelet = numa_kubelet(tmp_path, "none")  # the kubelet's default: admitted, not aligned
+    pod = kubelet.add_pod("ns", "big", "u", [app("2", 4)])
+    assert {d.numa for d in pod.devices["app"][CACHE_WAYS]} == {0, 1}
+
+
+def test_single_numa_node_puts_cpus_and_devices_on_one_node(tmp_path: Path) -> None:
+    kubelet = numa_kubelet(tmp_path, "single-numa-node")
+    # Node 0 has the CPUs for both containers, but only 3 ways: the second container goes to node 1.
+    pod = kubelet.add_pod("ns", "pair", "u", [app("1", 2, name="a"), app("1", 2, name="b")])
+    for container, numa in (("a", 0), ("b", 1)):
+        assert {kubelet.topology.cpu(c).numa for c in pod.cpus[container]} == {numa}
+        assert {d.numa for d in pod.devices[container][CACHE_WAYS]} == {numa}
+    # Shared-pool CPUs do not count, the ways do: one left on each node, so 2 cannot be had, 1 can.
+    with pytest.raises(AdmissionError, match="Topology locality"):
+        kubelet.add_pod("ns", "shared", "u-s", [app("500m", 2, memory=None)])
+    shared = kubelet.add_pod("ns", "shared", "u-s", [app("500m", 1, memory=None)])
+    assert shared.cpus == {} and [d.numa for d in shared.devices["app"][CACHE_WAYS]] == [0]
+
+
+def test_the_policy_comes_from_the_host_trees_kubelet_config(tmp_path: Path) -> None:
+    write_host_tree(NodeSpec(cores_per_socket=4), tmp_path)
+    assert SimKubelet.from_host_tree(tmp_path).topology_manager_policy == "single-numa-node"
+    assert (
+        SimKubelet.from_host_tree(tmp_path, topology_manager_policy="none").topology_manager_policy == "none"
+    )

@@ -252,8 +252,17 @@ def test_resolution_is_idempotent() -> None:
 @pytest.mark.parametrize(
     ("node_changes", "fields", "message"),
     [
-        ({}, {"cache_max": 6, "cache_min": 6}, "cache max=6 exceeds this node's guaranteed pool of 5 ways"),
-        ({}, {"cache_max": 6, "cache_min": 5}, "cache min=5 exceeds this node's best-effort pool of 4 ways"),
+        (
+            {},
+            {"cache_max": 6, "cache_min": 6},
+            "cache max=6 exceeds this node's guaranteed pool of 5 ways per L3 cache (each L3 cache of the "
+            "workload's CPUs must give all 6): ask for at most 5",
+        ),
+        (
+            {},
+            {"cache_max": 6, "cache_min": 5},
+            "cache min=5 exceeds this node's best-effort pool of 4 ways per L3 cache: ask for at most 4",
+        ),
         (
             {"l3": dataclasses.replace(L3, min_cbm_bits=2)},
             {"cache_max": 1, "cache_min": 1},
