@@ -195,7 +195,7 @@ def real_node_demo(workdir: Path, began: float) -> bool:
     cannot run a real node (the reason is printed) or the real node failed."""
     from rmd_sim.control_plane import BinariesNotFound, find_bin_dir
     from rmd_sim.realnode.node import unavailable_reason
-    from rmd_sim.realnode.stack import RealStack, wait_for
+    from rmd_sim.realnode.stack import RealStack
 
     try:
         reason = unavailable_reason()
@@ -208,38 +208,9 @@ def real_node_demo(workdir: Path, began: float) -> bool:
     step("real node: images (built once, about 5 minutes; cached afterwards), control plane, kubelet", began)
     with RealStack(bin_dir, workdir / "real") as stack:
         step(f"real node {stack.node.name}: chart installed with helm, its pods Ready", began)
-        resources = {"cpu": "1", "memory": "64Mi", "intel.com/l3_cache_ways": "2"}
-        stack.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": "cache-pod",
-                    "namespace": "default",
-                    "annotations": {"app_cache_min": "2"},
-                },
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "app",
-                            "image": stack.image_tags["busybox"],
-                            "imagePullPolicy": "Never",
-                            "command": ["sleep", "3600"],
-                            "resources": {"requests": resources, "limits": resources},
-                        }
-                    ]
-                },
-            }
-        )
-        name = "cache-pod-rmd-workload-app"
-
-        def applied() -> bool:
-            workload = stack.get_json("rmdworkload", "-n", "default", name) or {}
-            states = (workload.get("status") or {}).get("workloadStates") or {}
-            return bool((states.get(stack.node.name) or {}).get("status") == "Successful")
-
+        stack.create(stack.cache_pod("cache-pod", "default"))
         try:
-            wait_for("the cache pod's workload to be applied", applied, timeout=60)
+            stack.wait_applied("default", "cache-pod-rmd-workload-app", timeout=60)
         except AssertionError as exc:
             print(f"  {exc}")
         kubelet = stack.get_json("node", stack.node.name)["status"]["nodeInfo"]["kubeletVersion"]

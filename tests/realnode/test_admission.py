@@ -20,16 +20,6 @@ FAR_DEVICE = "example.com/far-device"  # a second vendor's device, on a NUMA nod
 NAMESPACE = "admission"
 
 
-def container(stack: RealStack, resources: dict[str, str]) -> dict[str, Any]:
-    return {
-        "name": "app",
-        "image": stack.image_tags["busybox"],
-        "imagePullPolicy": "Never",
-        "command": ["sleep", "3600"],
-        "resources": {"requests": resources, "limits": resources},
-    }
-
-
 def events_for(stack: RealStack, name: str) -> list[dict[str, Any]]:
     found = stack.get_json("events", "-n", NAMESPACE, f"--field-selector=involvedObject.name={name}")
     items: list[dict[str, Any]] = found["items"]
@@ -38,11 +28,11 @@ def events_for(stack: RealStack, name: str) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def namespace(stack: RealStack) -> Iterator[None]:
-    stack.kubectl("create", "namespace", NAMESPACE)
+    stack.create_namespace(NAMESPACE)
     try:
         yield
     finally:
-        stack.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=60s", check=False)
+        stack.delete_namespace(NAMESPACE)
 
 
 def test_a_deployment_asking_more_ways_than_the_node_holds_is_refused_once(stack: RealStack) -> None:
@@ -58,7 +48,9 @@ def test_a_deployment_asking_more_ways_than_the_node_holds_is_refused_once(stack
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "containers": [container(stack, {"cpu": "1", "memory": "64Mi", WAYS: str(pool + 1)})]
+                    "containers": [
+                        stack.container("app", {"cpu": "1", "memory": "64Mi", WAYS: str(pool + 1)})
+                    ]
                 },
             },
         },
@@ -122,7 +114,9 @@ def test_a_pod_the_topology_manager_refuses_gets_nothing_and_says_why(stack: Rea
             "metadata": {"name": "unaligned", "namespace": NAMESPACE},
             "spec": {
                 "restartPolicy": "Never",
-                "containers": [container(stack, {"cpu": "1", "memory": "64Mi", WAYS: "2", FAR_DEVICE: "1"})],
+                "containers": [
+                    stack.container("app", {"cpu": "1", "memory": "64Mi", WAYS: "2", FAR_DEVICE: "1"})
+                ],
             },
         }
         stack.create(pod)

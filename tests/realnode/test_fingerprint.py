@@ -14,16 +14,6 @@ NAMESPACE = "fingerprint"
 WAYS = "intel.com/l3_cache_ways"
 
 
-def box(stack: RealStack, name: str, requests: dict[str, str], limits: dict[str, str]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "image": stack.image_tags["busybox"],
-        "imagePullPolicy": "Never",
-        "command": ["sleep", "3600"],
-        "resources": {"requests": requests, "limits": limits},
-    }
-
-
 def pod(
     stack: RealStack,
     name: str,
@@ -31,18 +21,7 @@ def pod(
     limits: dict[str, str],
     init: tuple[dict[str, Any], ...] = (),
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "terminationGracePeriodSeconds": 1,
-        "containers": [box(stack, "app", requests, limits)],
-    }
-    if init:
-        spec["initContainers"] = list(init)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": spec,
-    }
+    return stack.pod(name, NAMESPACE, stack.container("app", requests, limits), init=init)
 
 
 def published_and_expected(stack: RealStack) -> tuple[str, str]:
@@ -54,11 +33,11 @@ def published_and_expected(stack: RealStack) -> tuple[str, str]:
 
 
 def test_the_published_fingerprint_is_the_schedulers(stack: RealStack) -> None:
-    stack.kubectl("create", "namespace", NAMESPACE)
+    stack.create_namespace(NAMESPACE)
     fraction = {"cpu": "500m", "memory": "256Mi"}
     whole = {"cpu": "1", "memory": "64Mi", WAYS: "1"}
-    sidecar = {**box(stack, "sidecar", {WAYS: "1"}, {WAYS: "1"}), "restartPolicy": "Always"}
-    plain_init = {**box(stack, "setup", {WAYS: "1"}, {WAYS: "1"}), "command": ["true"]}
+    sidecar = {**stack.container("sidecar", {WAYS: "1"}), "restartPolicy": "Always"}
+    plain_init = {**stack.container("setup", {WAYS: "1"}), "command": ["true"]}
     mix = {
         "fractional-guaranteed": pod(stack, "fractional-guaranteed", fraction, fraction),
         "integer-guaranteed": pod(stack, "integer-guaranteed", whole, whole),
@@ -91,7 +70,7 @@ def test_the_published_fingerprint_is_the_schedulers(stack: RealStack) -> None:
         )
         assert published == expected
     finally:
-        stack.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=60s", check=False)
+        stack.delete_namespace(NAMESPACE)
     wait_for(
         "the fingerprint to drop the deleted pods",
         lambda: (pair := published_and_expected(stack))[0] == pair[1],

@@ -5,6 +5,7 @@ up with List, and `rmd-agent probe` and the RmdNodeState say which API is in use
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -16,25 +17,26 @@ NAMESPACE = "get-fallback"
 LEGACY_KUBELET = "kubelet-1.33"
 
 
-def cache_pod(stack: RealStack) -> dict[str, Any]:
-    resources = {"cpu": "1", "memory": "64Mi", WAYS: "2"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "listed", "namespace": NAMESPACE, "annotations": {"app_cache_min": "2"}},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "app",
-                    "image": stack.image_tags["busybox"],
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                    "resources": {"requests": resources, "limits": resources},
-                }
-            ],
-        },
-    }
+def admit_after_restart(stack: RealStack, pod: dict[str, Any]) -> None:
+    """Create the pod; again if the kubelet refused it. A kubelet that has just started keeps the device
+    allocations of pods deleted before the restart until its pod sources are synced (seen: ways of deleted
+    pods still held, the pod refused with TopologyAffinityError a second after the start); a controller would
+    create the pod again in the same way."""
+    name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    for _ in range(3):
+        stack.create(pod)
+
+        def settled() -> str | None:
+            phase: str | None = (
+                (stack.get_json("pod", "-n", namespace, name) or {}).get("status", {}).get("phase")
+            )
+            return phase if phase in ("Running", "Failed") else None
+
+        if wait_for(f"pod {name} admitted or refused", settled, timeout=60) == "Running":
+            return
+        stack.kubectl("delete", "pod", "-n", namespace, name, "--wait=true")
+        time.sleep(3)
+    raise AssertionError(f"the kubelet refused pod {namespace}/{name} three times")
 
 
 def lookup_capability(stack: RealStack) -> dict[str, Any]:
@@ -46,20 +48,21 @@ def lookup_capability(stack: RealStack) -> dict[str, Any]:
 def test_without_get_the_pod_flow_falls_back_to_list(stack: RealStack) -> None:
     if not (stack.control_plane.bin_dir / LEGACY_KUBELET).exists():
         pytest.fail(f"{LEGACY_KUBELET} is not built (tools/build-binaries.sh builds it)")
+
+    def free_ways() -> bool:  # what earlier tests held is back: the pod below needs two ways
+        nrt = stack.get_json("noderesourcetopology", stack.node.name)
+        ways = next(r for z in nrt["zones"] for r in z["resources"] if r["name"] == WAYS)
+        return bool(ways["available"] == ways["allocatable"])
+
+    wait_for("every cache way free", free_ways, timeout=60)
     stack.node.restart_kubelet(binary=LEGACY_KUBELET, feature_gates={"KubeletPodResourcesGet": False})
     try:
         version = stack.get_json("node", stack.node.name)["status"]["nodeInfo"]["kubeletVersion"]
         assert version.startswith("v1.33."), version
-        stack.kubectl("create", "namespace", NAMESPACE)
-        stack.create(cache_pod(stack))
-
-        def applied() -> dict[str, Any] | None:
-            workload = stack.get_json("rmdworkload", "-n", NAMESPACE, "listed-rmd-workload-app") or {}
-            states = (workload.get("status") or {}).get("workloadStates") or {}
-            entry: dict[str, Any] = states.get(stack.node.name) or {}
-            return workload if entry.get("status") == "Successful" else None
-
-        workload = wait_for("the workload Successful through List", applied, timeout=90)
+        stack.create_namespace(NAMESPACE)
+        admit_after_restart(stack, stack.cache_pod("listed", NAMESPACE))
+        stack.wait_applied(NAMESPACE, "listed-rmd-workload-app")
+        workload = stack.get_json("rmdworkload", "-n", NAMESPACE, "listed-rmd-workload-app")
         uid = stack.get_json("pod", "-n", NAMESPACE, "listed")["metadata"]["uid"]
         entries = json.loads((stack.node.kubelet_dir / "cpu_manager_state").read_text())["entries"]
         assert workload["spec"]["coreIds"] == [entries[uid]["app"]]
@@ -79,5 +82,5 @@ def test_without_get_the_pod_flow_falls_back_to_list(stack: RealStack) -> None:
         found = json.loads(probe.stdout)["features"]["podResourcesGet"]
         assert found["supported"] is False and "List" in found["detail"]
     finally:
-        stack.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=60s", check=False)
+        stack.delete_namespace(NAMESPACE)
         stack.node.restart_kubelet(binary="kubelet", feature_gates={})

@@ -18,17 +18,20 @@ def test_the_charts_pods_run_ready_on_the_real_node(stack: RealStack) -> None:
         (status,) = pod["status"]["containerStatuses"]
         assert status["ready"] and status["restartCount"] == 0, (component, status)
         assert status["image"] == stack.image_tags[component]
+
     # Their logs, read through the real kubelet: the operator signed the agent's own certificate, the agent
     # registered its device plugin and published its node's objects.
-    operator_log = stack.kubectl(
-        "logs", "-n", RELEASE_NAMESPACE, by_component["operator"]["metadata"]["name"]
-    )
-    assert f"signed CertificateSigningRequest rmd-agent-{stack.node.name}" in operator_log.stdout
-    agent_log = stack.kubectl(
-        "logs", "-n", RELEASE_NAMESPACE, by_component["agent"]["metadata"]["name"]
-    ).stdout
+    def logs(component: str) -> str:
+        name = by_component[component]["metadata"]["name"]
+        # wait_for: a kubelet restarted by an earlier test may not serve logs for a moment
+        return wait_for(
+            f"the {component}'s log", lambda: stack.kubectl("logs", "-n", RELEASE_NAMESPACE, name).stdout
+        )
+
+    operator_log, agent_log = logs("operator"), logs("agent")
+    assert f"signed CertificateSigningRequest rmd-agent-{stack.node.name}" in operator_log
     assert "advertising" in agent_log and f"NodeResourceTopology {stack.node.name}" in agent_log
-    assert "Traceback" not in agent_log + operator_log.stdout
+    assert "Traceback" not in agent_log + operator_log
 
 
 def test_the_agent_reads_the_real_kubelet(stack: RealStack) -> None:
@@ -41,8 +44,9 @@ def test_the_agent_reads_the_real_kubelet(stack: RealStack) -> None:
         return found if found and int(found) > 0 else None
 
     capacity = wait_for("the Node to show the cache ways", ways, timeout=30)
-    ways = stack.host.spec.l3_ways
-    assert 0 < int(capacity) < ways  # the guaranteed pool: the ways the OS group keeps are not offered
+    assert (
+        0 < int(capacity) < stack.host.spec.l3_ways
+    )  # the guaranteed pool: the ways the OS group keeps are not offered
     state = stack.get_json("rmdnodestate", "-n", RELEASE_NAMESPACE, f"rmd-node-state-{node.name}")
     assert state is not None
     nrt = stack.get_json("noderesourcetopology", node.name)

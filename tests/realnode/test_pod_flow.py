@@ -15,28 +15,6 @@ RESOURCE = "intel.com/l3_cache_ways"
 NAMESPACE = "default"
 
 
-def cache_pod(stack: RealStack, name: str, *, cpu: str = "1", ways: int = 2) -> dict[str, Any]:
-    """The seed's pod shape (pod-guaranteed-cache.yaml: ways as a limit, <container>_cache_min annotation)."""
-    resources = {"cpu": cpu, "memory": "64Mi", RESOURCE: str(ways)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "annotations": {"app_cache_min": str(ways)}},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "app",
-                    "image": stack.image_tags["busybox"],
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                    "resources": {"requests": resources, "limits": resources},
-                }
-            ],
-        },
-    }
-
-
 def running(stack: RealStack, name: str) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
         pod: dict[str, Any] | None = stack.get_json("pod", "-n", NAMESPACE, name)
@@ -62,32 +40,22 @@ def zone_resource(stack: RealStack, resource: str) -> dict[str, str]:
     return found
 
 
-def successful(stack: RealStack, name: str) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        workload = stack.get_json("rmdworkload", "-n", NAMESPACE, name)
-        if not workload:
-            return None
-        entry = (workload.get("status") or {}).get("workloadStates", {}).get(stack.node.name) or {}
-        return workload if entry.get("status") == "Successful" else None
-
-    return wait_for(f"RmdWorkload {name} Successful", probe, timeout=60)
-
-
 def test_a_cache_pod_is_pinned_given_ways_and_enforced_then_cleaned_up(stack: RealStack) -> None:
     free_before = int(zone_resource(stack, "cpu")["available"])
     ways_before = int(zone_resource(stack, RESOURCE)["available"])
-    pod = stack.create(cache_pod(stack, "cache-pod"))
+    stack.create(stack.cache_pod("cache-pod", NAMESPACE))
     pod = running(stack, "cache-pod")
     uid = pod["metadata"]["uid"]
 
     cpus = kubelet_cpus(stack, uid, "app")
     assert len(cpus) == 1 and not cpus & parse_cpu_list(stack.node.reserved_cpus)
     # The real device manager allocated two ways of the agent's plugin (PodResources, read by the agent).
-    workload = successful(stack, "cache-pod-rmd-workload-app")
+    entry = stack.wait_applied(NAMESPACE, "cache-pod-rmd-workload-app")
+    workload = stack.get_json("rmdworkload", "-n", NAMESPACE, "cache-pod-rmd-workload-app")
     assert parse_cpu_list(",".join(workload["spec"]["coreIds"])) == cpus
     assert workload["spec"]["nodes"] == [stack.node.name]
     assert workload["spec"]["rdt"]["cache"] == {"max": 2, "min": 2}
-    cos_name = workload["status"]["workloadStates"][stack.node.name]["cosName"]
+    cos_name = entry["cosName"]
     resctrl = stack.host.root / "sys/fs/resctrl"
     assert parse_cpu_list((resctrl / cos_name / "cpus_list").read_text()) == cpus
     assert stack.host.resctrl is not None

@@ -39,35 +39,6 @@ def resctrl_operations(sim: SimResctrl) -> Iterator[list[tuple[str, str]]]:
             delattr(sim, kind)  # the class's methods again
 
 
-def cache_pod(stack: RealStack, name: str) -> dict[str, Any]:
-    resources = {"cpu": "1", "memory": "64Mi", WAYS: "2"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "app",
-                    "image": stack.image_tags["busybox"],
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                    "resources": {"requests": resources, "limits": resources},
-                }
-            ],
-        },
-    }
-
-
-def workload_entry(stack: RealStack, name: str) -> dict[str, Any]:
-    workload = stack.get_json("rmdworkload", "-n", NAMESPACE, name) or {}
-    entry: dict[str, Any] = ((workload.get("status") or {}).get("workloadStates") or {}).get(
-        stack.node.name
-    ) or {}
-    return entry
-
-
 def agent_pod(stack: RealStack) -> dict[str, Any]:
     pods = stack.get_json("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=agent")["items"]
     (found,) = pods
@@ -86,17 +57,13 @@ def allocatable_ways(stack: RealStack) -> str | None:
 
 @contextlib.contextmanager
 def running_cache_pod(stack: RealStack) -> Iterator[str]:
-    stack.kubectl("create", "namespace", NAMESPACE)
+    stack.create_namespace(NAMESPACE)
     try:
-        stack.create(cache_pod(stack, "held"))
-        entry = wait_for(
-            "the pod's workload Successful",
-            lambda: (e := workload_entry(stack, "held-rmd-workload-app")).get("status") == "Successful" and e,
-            timeout=90,
-        )
+        stack.create(stack.cache_pod("held", NAMESPACE))
+        entry = stack.wait_applied(NAMESPACE, "held-rmd-workload-app")
         yield str(entry["cosName"])
     finally:
-        stack.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=60s", check=False)
+        stack.delete_namespace(NAMESPACE)
 
 
 def test_the_kubelet_restarted_the_plugin_registers_again_and_allocations_survive(stack: RealStack) -> None:
@@ -126,14 +93,14 @@ def test_the_kubelet_restarted_the_plugin_registers_again_and_allocations_surviv
         pod = stack.get_json("pod", "-n", NAMESPACE, "held")
         assert pod["status"]["phase"] == "Running"
         assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
-        assert workload_entry(stack, "held-rmd-workload-app")["status"] == "Successful"
+        assert stack.workload_entry(NAMESPACE, "held-rmd-workload-app")["status"] == "Successful"
         assert (stack.host.root / "sys/fs/resctrl" / cos_name).is_dir()
 
 
 def test_the_agent_pod_recreated_adopts_its_state_without_a_resctrl_write(stack: RealStack) -> None:
     assert stack.host.resctrl is not None
     with running_cache_pod(stack) as cos_name:
-        entry_before = workload_entry(stack, "held-rmd-workload-app")
+        entry_before = stack.workload_entry(NAMESPACE, "held-rmd-workload-app")
         old = agent_pod(stack)["metadata"]["name"]
         with resctrl_operations(stack.host.resctrl.sim) as ops:
             stack.kubectl("delete", "pod", "-n", RELEASE_NAMESPACE, old, "--wait=true")
@@ -152,5 +119,5 @@ def test_the_agent_pod_recreated_adopts_its_state_without_a_resctrl_write(stack:
             time.sleep(3)  # let the new agent settle: a late write would show here
         assert ops == [], f"the restarted agent wrote to resctrl: {ops}"
         assert new["spec"]["nodeName"] == stack.node.name
-        assert workload_entry(stack, "held-rmd-workload-app") == entry_before
+        assert stack.workload_entry(NAMESPACE, "held-rmd-workload-app") == entry_before
         assert (stack.host.root / "sys/fs/resctrl" / cos_name).is_dir()

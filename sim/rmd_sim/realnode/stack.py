@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 
 RELEASE = "rmd"
 RELEASE_NAMESPACE = "rmd-system"
+CACHE_WAYS = "intel.com/l3_cache_ways"
 T = TypeVar("T")
+Obj = dict[str, Any]
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.5) -> T:
@@ -179,6 +181,70 @@ class RealStack:
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.control_plane.kubectl(*args, check=check)
+
+    # -- what the tests and the demo run there
+
+    def create_namespace(self, name: str) -> None:
+        """Create it and wait for what its pods mount: the kube-root-ca.crt ConfigMap and the default
+        ServiceAccount. (A pod created sooner can find its projected token volume "not registered" in the
+        kubelet, which then retries with a backoff that grows past a minute.)"""
+        self.kubectl("create", "namespace", name)
+        wait_for(
+            f"namespace {name} ready for pods",
+            lambda: (
+                self.get_json("configmap", "-n", name, "kube-root-ca.crt")
+                and self.get_json("serviceaccount", "-n", name, "default")
+            ),
+            timeout=30,
+        )
+
+    def delete_namespace(self, name: str, timeout: float = 120.0) -> None:
+        """Delete it and wait until it is gone: its pods terminated, their CPUs and devices free again."""
+        self.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
+        wait_for(f"namespace {name} gone", lambda: self.get_json("namespace", name) is None, timeout=timeout)
+
+    def container(self, name: str, resources: dict[str, str], limits: dict[str, str] | None = None) -> Obj:
+        """A busybox container that sleeps (the local image, never pulled); limits default to resources."""
+        return {
+            "name": name,
+            "image": self.image_tags["busybox"],
+            "imagePullPolicy": "Never",
+            "command": ["sleep", "3600"],
+            "resources": {"requests": resources, "limits": resources if limits is None else limits},
+        }
+
+    def pod(
+        self, name: str, namespace: str, *containers: Obj, init: tuple[Obj, ...] = (), **meta: Any
+    ) -> Obj:
+        spec: Obj = {"terminationGracePeriodSeconds": 1, "containers": list(containers)}
+        if init:
+            spec["initContainers"] = list(init)
+        metadata = {"name": name, "namespace": namespace, **meta}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+    def cache_pod(self, name: str, namespace: str, *, ways: int = 2) -> Obj:
+        """The seed's pod (pod-guaranteed-cache.yaml): Guaranteed, whole CPUs, the ways as a limit, and its
+        `<container>_cache_min` annotation; one CPU, as this node has one to give."""
+        resources = {"cpu": "1", "memory": "64Mi", CACHE_WAYS: str(ways)}
+        return self.pod(
+            name, namespace, self.container("app", resources), annotations={"app_cache_min": str(ways)}
+        )
+
+    def workload_entry(self, namespace: str, name: str) -> Obj:
+        """This node's entry in the RmdWorkload's status ({} while there is none)."""
+        workload = self.get_json("rmdworkload", "-n", namespace, name) or {}
+        states = (workload.get("status") or {}).get("workloadStates") or {}
+        entry: Obj = states.get(self.node.name) or {}
+        return entry
+
+    def wait_applied(self, namespace: str, name: str, timeout: float = 90.0) -> Obj:
+        """Wait until this node's agent applied the RmdWorkload (entry Successful); returns the entry."""
+
+        def applied() -> Obj | None:
+            entry = self.workload_entry(namespace, name)
+            return entry if entry.get("status") == "Successful" else None
+
+        return wait_for(f"RmdWorkload {namespace}/{name} Successful on {self.node.name}", applied, timeout)
 
     def get_json(self, *args: str) -> Any:
         """`kubectl get ... -o json`, parsed; None when the object does not exist."""
