@@ -152,6 +152,13 @@ class RealStack:
             raise RealNodeError(f"helm install failed: {result.stderr.strip()}\n{self.describe_pods()}")
         # helm's --wait counts a DaemonSet ready while maxUnavailable pods are not: wait for every pod.
         self.wait_pods_ready()
+        # and for the Node to offer the agent's cache ways (the kubelet's next status after the registration)
+        wait_for(f"Node {self.node.name} to offer {CACHE_WAYS}", self.node_cache_ways, timeout=60)
+
+    def node_cache_ways(self) -> int:
+        """The Node's allocatable cache ways (0 while it shows none)."""
+        node = self.get_json("node", self.node.name) or {}
+        return int(node.get("status", {}).get("allocatable", {}).get(CACHE_WAYS, "0"))
 
     def wait_pods_ready(self, namespace: str = RELEASE_NAMESPACE, timeout: str = "180s") -> None:
         waited = self.kubectl(
