@@ -193,16 +193,11 @@ async def run_load(cluster: SimCluster, api: Any, stop: asyncio.Event) -> None:
 def real_node_demo(workdir: Path, began: float) -> bool:
     """The chart's own pods on a real kubelet with containerd, and a cache pod there; False when this machine
     cannot run a real node (the reason is printed) or the real node failed."""
-    from rmd_sim.control_plane import BinariesNotFound, find_bin_dir
-    from rmd_sim.realnode.node import unavailable_reason
+    from rmd_sim.realnode.node import binaries_or_reason
     from rmd_sim.realnode.stack import RealStack
 
-    try:
-        reason = unavailable_reason()
-        bin_dir = find_bin_dir()
-    except BinariesNotFound as exc:
-        reason = str(exc)
-    if reason:
+    bin_dir, reason = binaries_or_reason()
+    if bin_dir is None:
         print(f"\nReal node: not on this machine ({reason}); the simulated nodes follow.", flush=True)
         return False
     step("real node: images (built once, about 5 minutes; cached afterwards), control plane, kubelet", began)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rmd_sim.control_plane import BinariesNotFound, find_bin_dir, repo_root
-from rmd_sim.realnode.node import unavailable_reason
+from rmd_sim.control_plane import repo_root
+from rmd_sim.realnode.node import binaries_or_reason
 from rmd_sim.realnode.stack import RealStack
 
 ARTIFACTS_DIR = repo_root() / "artifacts" / "realnode"
@@ -48,12 +48,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def real_node_bin_dir() -> Path:
     """The binary directory, or skip (fail under CI) when this machine cannot run a real node."""
-    try:
-        bin_dir = find_bin_dir()
-        reason = unavailable_reason()
-    except BinariesNotFound as exc:
-        reason = str(exc)
-    if reason:
+    bin_dir, reason = binaries_or_reason()
+    if bin_dir is None:
         if os.environ.get("CI"):
             pytest.fail(f"CI is set, so the real-node tier must run: {reason}", pytrace=False)
         pytest.skip(f"real node unavailable: {reason}")

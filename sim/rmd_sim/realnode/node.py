@@ -37,7 +37,13 @@ from typing import Any, Self
 
 import yaml
 
-from rmd_sim.control_plane import KUBERNETES_SERVICE_IP, ControlPlane, ManagedProcess
+from rmd_sim.control_plane import (
+    KUBERNETES_SERVICE_IP,
+    BinariesNotFound,
+    ControlPlane,
+    ManagedProcess,
+    find_bin_dir,
+)
 from rmd_sim.netns import AgentNetwork, can_create_namespaces
 from rmd_sim.realnode import host_state, images
 
@@ -62,6 +68,16 @@ def unavailable_reason() -> str | None:
     if missing:
         return f"missing: {', '.join(sorted(set(missing)))} (./dev installs them as root)"
     return None
+
+
+def binaries_or_reason() -> tuple[Path | None, str]:
+    """(the binary directory, "") when this machine can run a real node, else (None, why not)."""
+    try:
+        bin_dir = find_bin_dir()
+    except BinariesNotFound as exc:
+        return None, str(exc)
+    reason = unavailable_reason()
+    return (None, reason) if reason else (bin_dir, "")
 
 
 def _wait(what: str, ready: Any, timeout: float, logs: Iterable[ManagedProcess] = ()) -> None:
