@@ -59,9 +59,9 @@ def _serve_fake(settings_json: str) -> None:
     """Child process: the real `serve()` with an in-memory engine."""
     from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, CpuState, NodeSummary
     from rmd_agent.logsetup import configure_logging
+    from rmd_agent.plan.workload import Workload
     from rmd_agent.server.app import serve
     from rmd_agent.settings import load_settings
-    from rmd_agent.workload import Workload
 
     class MemoryEngine:
         def __init__(self) -> None:

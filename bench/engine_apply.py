@@ -50,7 +50,7 @@ def _rss_mib() -> float:
 
 
 def _workloads(cpus_by_socket: list[list[int]]) -> list[Any]:
-    from rmd_agent.workload import Workload
+    from rmd_agent.plan.workload import Workload
 
     free = [list(cpus) for cpus in cpus_by_socket]
     out = []
@@ -71,11 +71,12 @@ def _workloads(cpus_by_socket: list[list[int]]) -> list[Any]:
 def _child(host: str) -> dict[str, Any]:
     """Runs in the child process: the measurements, as a JSON-able dict."""
     from rmd_agent.engine import NodeEngine, read_node_facts
-    from rmd_agent.hostfs import HostFS, Unsupported
+    from rmd_agent.errors import Unsupported
+    from rmd_agent.hostfs import HostFS
     from rmd_agent.observe.resctrl import read_resctrl
     from rmd_agent.plan.inventory import NodeInventory
+    from rmd_agent.plan.policy import PolicyBook
     from rmd_agent.plan.resctrl_layout import diff, plan_layout
-    from rmd_agent.policy import PolicyBook
     from rmd_agent.settings import AgentSettings
 
     settings = AgentSettings(host_root=Path(host), node_name="bench", log_level="warning")

@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, ManagedEngine, NodeSummary
 from rmd_agent.hostfs import HostFS
+from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import AgentSettings
-from rmd_agent.workload import Workload
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from rmd_agent.engine_api import (
     NodeSummary,
     PstateOutcome,
 )
-from rmd_agent.errors import AgentError, CheckpointError, HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import AgentError, CheckpointError, HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.checkpoints import read_cpu_manager_state
 from rmd_agent.kubelet.pod_lookup import PodLookup
 from rmd_agent.kubelet.podresources import PodResourcesClient
@@ -45,8 +45,9 @@ from rmd_agent.observe.cpus import read_online_cpus
 from rmd_agent.observe.numa import read_numa_nodes
 from rmd_agent.observe.resctrl import RESCTRL, ResctrlState, read_resctrl
 from rmd_agent.plan.inventory import NodeInventory, PoolConfig
+from rmd_agent.plan.policy import Policy, PolicyBook, platform_from_cpuinfo
 from rmd_agent.plan.resctrl_layout import Layout, Operation, diff, plan_layout
-from rmd_agent.policy import Policy, PolicyBook, load_policy_file, platform_from_cpuinfo
+from rmd_agent.plan.workload import Pool, RejectReason, Workload, WorkloadRejected
 from rmd_agent.probe import pod_lookup_finding, probe_async
 from rmd_agent.pstate import (
     CounterSource,
@@ -60,9 +61,8 @@ from rmd_agent.pstate import (
 )
 from rmd_agent.pstate.counters import SIM_PERF_DIR
 from rmd_agent.pstate.plugin import DEFAULT_INTERVAL_S
-from rmd_agent.settings import AgentSettings
+from rmd_agent.settings import AgentSettings, load_policy_file
 from rmd_agent.state_store import AgentState, StateStore, WorkloadRecord
-from rmd_agent.workload import Pool, RejectReason, Workload, WorkloadRejected
 from rmd_api.cpuset import CpuListError, format_cpu_list, parse_cpu_list
 from rmd_api.kubelet.checkpoint import CpuManagerState
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from rmd_agent.errors import AgentError
-from rmd_agent.workload import Pool, Workload
+from rmd_agent.plan.workload import Pool, Workload
 
 GUARANTEED_POOL = str(Pool.GUARANTEED)
 

@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A feature the host lacks, with the reason a person can act on."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return f"unsupported: {self.reason}"
+
 
 class AgentError(Exception):
     """Base class of every error the agent raises on purpose."""

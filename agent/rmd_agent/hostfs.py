@@ -8,20 +8,9 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from rmd_agent.errors import HostReadError
-
-
-@dataclass(frozen=True)
-class Unsupported:
-    """A feature the host lacks, with the reason a person can act on."""
-
-    reason: str
-
-    def __str__(self) -> str:
-        return f"unsupported: {self.reason}"
 
 
 def _reason(exc: OSError) -> str:

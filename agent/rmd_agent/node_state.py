@@ -32,8 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from rmd_agent.engine_api import AppliedWorkload, Engine
 from rmd_agent.errors import ConfigError
 from rmd_agent.kube import MERGE_PATCH, call, patch_status_if_changed
-from rmd_agent.server.http_endpoints import split_host_port
-from rmd_agent.settings import AgentSettings
+from rmd_agent.settings import AgentSettings, split_host_port
 from rmd_api.cpuset import format_cpu_list
 
 log = logging.getLogger(__name__)

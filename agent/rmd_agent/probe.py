@@ -7,8 +7,8 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from rmd_agent.errors import AgentError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import AgentError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.config import read_kubelet_config
 from rmd_agent.kubelet.pod_lookup import LookupApi, PodLookup
 from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient

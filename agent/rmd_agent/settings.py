@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from rmd_agent.errors import ConfigError
+from rmd_agent.plan.policy import PolicyBook, parse_policies
 from rmd_api.settings_layers import as_plain_dict, dump, layered_values
 
 LOG_FORMATS = ("text", "json")
@@ -212,3 +215,27 @@ def load_settings(
 
 def dump_settings(settings: AgentSettings) -> str:
     return dump(settings)
+
+
+def split_host_port(address: str) -> tuple[str | None, int]:
+    """ "0.0.0.0:8081" / "[::1]:8081" / ":8081" -> (host, port); host None means every interface."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"listen address {address!r} must be host:port, e.g. 0.0.0.0:8081 or [::1]:8081")
+    host = host.removeprefix("[").removesuffix("]")
+    return host or None, int(port)
+
+
+def load_policy_file(path: Path | None) -> PolicyBook:
+    """The built-in policies, overridden by the YAML file at `path` when one is given."""
+    if path is None:
+        return PolicyBook()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"policy file {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"policy file {path} is not valid YAML: {exc}") from None
+    return parse_policies(data, source=str(path))

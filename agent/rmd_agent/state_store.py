@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from rmd_agent.errors import AgentError
+from rmd_agent.plan.workload import Workload
 from rmd_agent.pstate.policy import FreqLimits
-from rmd_agent.workload import Workload
 from rmd_api.cpuset import CpuListError, format_cpu_list, parse_cpu_list
 
 STATE_FORMAT = "rmd-agent-state"

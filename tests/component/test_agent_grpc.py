@@ -33,10 +33,9 @@ from rmd_agent.engine_api import (
 )
 from rmd_agent.errors import ConfigError, KubeletUnavailable
 from rmd_agent.logsetup import JsonFormatter
+from rmd_agent.plan.workload import RejectReason, Workload, WorkloadRejected
 from rmd_agent.server.app import AGENT_SERVICE, AgentServer
-from rmd_agent.server.http_endpoints import split_host_port
-from rmd_agent.settings import AgentSettings, load_settings
-from rmd_agent.workload import RejectReason, Workload, WorkloadRejected
+from rmd_agent.settings import AgentSettings, load_settings, split_host_port
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 from rmd_sim.pki import CertificateAuthority, KeyPair
 

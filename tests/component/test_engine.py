@@ -19,9 +19,11 @@ import pytest
 from rmd_agent.act.resctrl_apply import ResctrlApplier, ResctrlWriteError
 from rmd_agent.engine import NodeEngine, cross_check_cpus, default_counters
 from rmd_agent.engine_api import CpuState, EngineUnavailable
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.observe.resctrl import read_resctrl
 from rmd_agent.plan.inventory import PoolConfig, PoolSizes, pool_sizes
+from rmd_agent.plan.policy import PolicyBook, platform_from_cpuinfo
 from rmd_agent.plan.resctrl_layout import (
     SHARED_GROUP,
     Mkdir,
@@ -31,7 +33,7 @@ from rmd_agent.plan.resctrl_layout import (
     WriteSchemata,
     group_name,
 )
-from rmd_agent.policy import PolicyBook, platform_from_cpuinfo
+from rmd_agent.plan.workload import RejectReason, Workload, WorkloadRejected
 from rmd_agent.pstate import FileCounters
 from rmd_agent.settings import AgentSettings
 from rmd_agent.state_store import (
@@ -43,7 +45,6 @@ from rmd_agent.state_store import (
     StateStore,
     WorkloadRecord,
 )
-from rmd_agent.workload import RejectReason, Workload, WorkloadRejected
 from rmd_api.cpuset import format_cpu_list, parse_cpu_list
 from rmd_api.kubelet.checkpoint import CpuManagerState
 from rmd_sim import perf

@@ -23,9 +23,9 @@ import pytest
 
 from rmd_agent.engine import NodeEngine
 from rmd_agent.plan.resctrl_layout import SHARED_GROUP
+from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import AgentSettings
 from rmd_agent.state_store import StateStore
-from rmd_agent.workload import Workload
 from rmd_api.cpuset import format_cpu_list, parse_cpu_list
 from rmd_sim import perf
 from rmd_sim.hosttree import write_host_tree
@@ -47,7 +47,7 @@ DRIVER = textwrap.dedent(
     from pathlib import Path
     from rmd_agent.engine import NodeEngine
     from rmd_agent.settings import AgentSettings
-    from rmd_agent.workload import Workload
+    from rmd_agent.plan.workload import Workload
 
     host, actions = sys.argv[1], json.loads(sys.argv[2])
     die_at, interval = int(sys.argv[3]), float(sys.argv[4])

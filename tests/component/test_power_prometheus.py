@@ -38,8 +38,8 @@ from rmd_agent.engine_api import AppliedWorkload
 from rmd_agent.hostfs import HostFS
 from rmd_agent.metrics.power_collector import PowerCollector
 from rmd_agent.metrics.rdt_collector import RdtCollector
+from rmd_agent.plan.workload import Workload
 from rmd_agent.power.sampler import PowerSampler
-from rmd_agent.workload import Workload
 from rmd_sim.hosttree import MAX_ENERGY_RANGE_UJ, write_host_tree
 from rmd_sim.load import SimLoad
 from rmd_sim.spec import NodeSpec

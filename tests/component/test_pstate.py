@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import rmd_agent.pstate.counters as counters_mod
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.pstate import (
     CpufreqControl,
     CpufreqWriteError,

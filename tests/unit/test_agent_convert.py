@@ -16,8 +16,8 @@ from rmd_agent.engine_api import (
     NodeSummary,
     PstateOutcome,
 )
+from rmd_agent.plan.workload import RejectReason, Workload, WorkloadRejected
 from rmd_agent.server import convert
-from rmd_agent.workload import RejectReason, Workload, WorkloadRejected
 from rmd_api.agent.v1 import agent_pb2
 
 

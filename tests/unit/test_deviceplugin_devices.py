@@ -22,7 +22,7 @@ from rmd_agent.deviceplugin.devices import (
 )
 from rmd_agent.deviceplugin.pools import guaranteed_pools
 from rmd_agent.engine_api import AppliedWorkload, CacheDomainSummary
-from rmd_agent.workload import Workload
+from rmd_agent.plan.workload import Workload
 
 
 @given(st.integers(0, 10**6), st.integers(0, 10**6))

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rmd_agent.errors import CheckpointError, HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import CheckpointError, HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.checkpoints import read_cpu_manager_state, read_memory_manager_state
 from rmd_api.kubelet.checkpoint import (
     MemoryBlock,

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.config import KubeletConfig, read_kubelet_config
 
 MakeTree = Callable[[Mapping[str, str]], Path]

@@ -35,8 +35,8 @@ from rmd_agent.node_state import (
     workload_entry,
     workloads_map,
 )
+from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import load_settings
-from rmd_agent.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL_KEYS = {

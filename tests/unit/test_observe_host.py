@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.observe.caches import read_l3_caches
 from rmd_agent.observe.cgroups import read_cgroups
 from rmd_agent.observe.cpufreq import read_cpufreq

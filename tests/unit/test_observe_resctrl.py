@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.observe.resctrl import format_schemata_line, parse_schemata, read_resctrl
 
 MakeTree = Callable[[Mapping[str, str]], Path]

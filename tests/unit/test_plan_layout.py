@@ -15,12 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmd_agent.errors import ConfigError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import ConfigError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.observe.caches import L3Cache, read_l3_caches
 from rmd_agent.observe.cpus import read_online_cpus
 from rmd_agent.observe.resctrl import CacheInfo, MbaInfo, ResctrlGroup, ResctrlState, read_resctrl
 from rmd_agent.plan.inventory import NodeInventory, PoolConfig, pool_sizes
+from rmd_agent.plan.policy import PolicyBook
 from rmd_agent.plan.resctrl_layout import (
     MAX_GROUP_NAME,
     SHARED_GROUP,
@@ -36,8 +37,7 @@ from rmd_agent.plan.resctrl_layout import (
     is_owned,
     plan_layout,
 )
-from rmd_agent.policy import PolicyBook
-from rmd_agent.workload import Pool, RejectReason, Workload, WorkloadRejected, resolve_workload
+from rmd_agent.plan.workload import Pool, RejectReason, Workload, WorkloadRejected, resolve_workload
 from rmd_sim import resctrl as sim
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.spec import NodeSpec

@@ -5,15 +5,15 @@ import pytest
 import yaml
 
 from rmd_agent.errors import ConfigError
-from rmd_agent.policy import (
+from rmd_agent.plan.policy import (
     BUILTIN_POLICIES,
     Policy,
     PolicyBook,
-    load_policy_file,
     parse_policies,
     platform_for_cpu,
     platform_from_cpuinfo,
 )
+from rmd_agent.settings import load_policy_file
 
 
 def ways(policy: Policy) -> tuple[int, int]:

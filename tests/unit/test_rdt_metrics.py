@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rmd_agent.engine_api import AppliedWorkload
 from rmd_agent.hostfs import HostFS
 from rmd_agent.metrics.rdt_collector import RdtCollector, read_group_monitoring
-from rmd_agent.workload import Workload
+from rmd_agent.plan.workload import Workload
 
 
 def applied(name: str, cos: str, cache: dict[int, int]) -> AppliedWorkload:

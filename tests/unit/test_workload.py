@@ -5,8 +5,8 @@ import pytest
 
 from rmd_agent.observe.resctrl import CacheInfo, MbaInfo
 from rmd_agent.plan.inventory import NodeInventory, PoolConfig
-from rmd_agent.policy import Policy, PolicyBook
-from rmd_agent.workload import (
+from rmd_agent.plan.policy import Policy, PolicyBook
+from rmd_agent.plan.workload import (
     Pool,
     RejectReason,
     Workload,

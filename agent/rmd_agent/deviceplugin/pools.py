@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from rmd_agent.deviceplugin.devices import WayPool, numa_nodes_of
 from rmd_agent.deviceplugin.plugin import PoolProvider
 from rmd_agent.engine_api import GUARANTEED_POOL, AppliedWorkload, CacheDomainSummary, Engine, guaranteed_held
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.observe.numa import read_numa_nodes
 
 

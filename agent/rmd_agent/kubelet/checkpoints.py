@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from rmd_agent.errors import CheckpointError, HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import CheckpointError, HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_api.kubelet.checkpoint import (
     CheckpointFormatError,
     CpuManagerState,

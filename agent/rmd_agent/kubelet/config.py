@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import yaml
 
-from rmd_agent.errors import HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_api.cpuset import CpuListError, parse_cpu_list
 
 DEFAULT_CONFIG_PATH = "var/lib/kubelet/config.yaml"

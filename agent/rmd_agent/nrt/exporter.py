@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from rmd_agent.engine_api import GUARANTEED_POOL, Engine, guaranteed_held
-from rmd_agent.errors import AgentError, ConfigError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import AgentError, ConfigError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.config import KubeletConfig, read_kubelet_config
 from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient
 from rmd_agent.nrt import fingerprint

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rmd_agent.errors import HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.config import DEFAULT_CONFIG_PATH
 from rmd_agent.nrt.fingerprint import PodKey
 from rmd_agent.power.cgroup_paths import QoS, parse_pod_dir

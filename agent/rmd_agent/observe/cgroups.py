@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import Unsupported
+from rmd_agent.hostfs import HostFS
 
 CGROUP = "sys/fs/cgroup"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rmd_agent.errors import HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_api.cpuset import CpuListError, parse_cpu_list
 
 NODE_DIR = "sys/devices/system/node"

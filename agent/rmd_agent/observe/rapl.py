@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rmd_agent.errors import HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 
 POWERCAP = "sys/class/powercap"
 # intel-rapl:0 is a package (socket) zone, intel-rapl:0:1 one of its subzones. intel-rapl-mmio:* repeats the

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rmd_agent.errors import HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_api.cpuset import CpuListError, parse_cpu_list
 
 RESCTRL = "sys/fs/resctrl"

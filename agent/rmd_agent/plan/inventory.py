@@ -7,13 +7,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rmd_agent.errors import ConfigError
-from rmd_agent.hostfs import Unsupported
+from rmd_agent.errors import ConfigError, Unsupported
 
 if TYPE_CHECKING:
     from rmd_agent.observe.caches import L3Cache
     from rmd_agent.observe.resctrl import CacheInfo, MbaInfo, ResctrlState
-    from rmd_agent.policy import Policy
+    from rmd_agent.plan.policy import Policy
 
 # Default pool shares of the ways left after the OS's minimum. On a 20-way cache they give RMD's defaults
 # (OS 1, guaranteed 10, best effort 7, shared 2); on 11 ways OS 1, guaranteed 5, best effort 4, shared 1.

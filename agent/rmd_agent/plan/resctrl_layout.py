@@ -43,10 +43,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rmd_agent.errors import ConfigError
-from rmd_agent.hostfs import Unsupported
+from rmd_agent.errors import ConfigError, Unsupported
 from rmd_agent.plan.inventory import NodeInventory, PoolSizes
-from rmd_agent.workload import Pool, RejectReason, Workload, WorkloadRejected, describe_cpus, resolve_workload
+from rmd_agent.plan.workload import (
+    Pool,
+    RejectReason,
+    Workload,
+    WorkloadRejected,
+    describe_cpus,
+    resolve_workload,
+)
 from rmd_api.cpuset import format_cpu_list
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from rmd_agent.errors import HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.power.cgroup_paths import QoS, parse_container_dir, parse_pod_dir
 
 USER_HZ = 100  # /proc/stat counts in USER_HZ ticks, 100 on every architecture Linux exports to userspace

@@ -20,7 +20,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.observe.rapl import POWERCAP, read_rapl_zones
 from rmd_agent.power.attribution import ZoneKey
 from rmd_agent.power.cpu_time import read_small

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from rmd_agent.errors import AgentError, HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import AgentError, HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.pstate.policy import BranchCounts
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from rmd_agent.errors import AgentError, HostReadError
-from rmd_agent.hostfs import HostFS, Unsupported
+from rmd_agent.errors import AgentError, HostReadError, Unsupported
+from rmd_agent.hostfs import HostFS
 from rmd_agent.observe.cpufreq import read_cpufreq
 from rmd_agent.pstate.counters import CounterSource, CounterUnavailable
 from rmd_agent.pstate.cpufreq_control import CpufreqControl, CpufreqWriteError, cpufreq_dir

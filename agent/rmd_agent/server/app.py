@@ -28,11 +28,11 @@ from rmd_agent.engine_api import ManagedEngine
 from rmd_agent.errors import ConfigError
 from rmd_agent.kube import create_api_client
 from rmd_agent.server.grpc_service import AgentInterceptor, AgentService
-from rmd_agent.server.http_endpoints import HealthHttpServer, split_host_port
+from rmd_agent.server.http_endpoints import HealthHttpServer
 from rmd_agent.server.metrics import GrpcMetrics
 from rmd_agent.server.serving_cert import ServingCertificate
 from rmd_agent.server.tls import server_credentials
-from rmd_agent.settings import AgentSettings
+from rmd_agent.settings import AgentSettings, split_host_port
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.agent_certs import MIN_EXPIRATION_SECONDS
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, CpuState, NodeSummary
 from rmd_agent.errors import AgentError
-from rmd_agent.workload import RejectReason, Workload, WorkloadRejected
+from rmd_agent.plan.workload import RejectReason, Workload, WorkloadRejected
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.cpuset import format_cpu_list
 

@@ -19,10 +19,10 @@ import grpc.aio
 
 from rmd_agent.engine_api import Engine, EngineUnavailable
 from rmd_agent.errors import AgentError, KubeletUnavailable
+from rmd_agent.plan.workload import RejectReason, WorkloadRejected
 from rmd_agent.server import convert
 from rmd_agent.server.metrics import GrpcMetrics
 from rmd_agent.server.tls import decode_identities, is_allowed
-from rmd_agent.workload import RejectReason, WorkloadRejected
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from http import HTTPStatus
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from rmd_agent.errors import ConfigError
+from rmd_agent.settings import split_host_port
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +28,6 @@ ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
 _HEADER_LIMIT = 16 * 1024
 _READ_TIMEOUT = 5.0  # a client that does not send its request in time is dropped
 _READY_TIMEOUT = 2.0  # a stuck engine shows as not ready, not as a hung probe connection
-
-
-def split_host_port(address: str) -> tuple[str | None, int]:
-    """ "0.0.0.0:8081" / "[::1]:8081" / ":8081" -> (host, port); host None means every interface."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"listen address {address!r} must be host:port, e.g. 0.0.0.0:8081 or [::1]:8081")
-    host = host.removeprefix("[").removesuffix("]")
-    return host or None, int(port)
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str, head: bool) -> bytes:

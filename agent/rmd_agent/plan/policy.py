@@ -23,10 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from rmd_agent.errors import ConfigError
 
@@ -225,18 +222,3 @@ def parse_policies(
         for name, raw in table.items():
             target[name] = _parse_policy(name, raw, f"{source}: {platform}.{name}")
     return PolicyBook(merged)
-
-
-def load_policy_file(path: Path | None) -> PolicyBook:
-    """The built-in policies, overridden by the YAML file at `path` when one is given."""
-    if path is None:
-        return PolicyBook()
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"policy file {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"policy file {path} is not valid YAML: {exc}") from None
-    return parse_policies(data, source=str(path))
