@@ -43,9 +43,9 @@ from rmd_operator.events import EventPoster
 from rmd_operator.kube import GROUP, NODE_STATES, VERSION, WORKLOADS, StatusWriter
 from rmd_operator.pod_flow import PodFlow, PodObjectsApi
 from rmd_operator.pod_watch import BOUND, PodWatch, wanted
-from rmd_operator.reconcile import Cluster, Reconciler
+from rmd_operator.reconcile import Reconciler
 from rmd_operator.settings import OperatorSettings, active
-from rmd_operator.targets import NodeAgent, node_agent
+from rmd_operator.targets import Cluster, NodeAgent, node_agent
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ async def node_state_event(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs
     pod_flow.agent_changed(node, agent)
     if not (SETTINGS.remove_orphans and agent is not None and agent.endpoint and agent.ready is not False):
         return
-    if reconciler.sweep_due(node):
+    if reconciler.orphans.due(node):
         uids = _index(kwargs, "workload_uids")
 
         def existing_uid(namespace: str, name: str) -> str | None:
@@ -256,7 +256,7 @@ async def node_state_event(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs
                 return str(uid)
             return None
 
-        reconciler.spawn(reconciler.sweep_orphans(node, agent.endpoint, existing_uid, workload_in_scope))
+        reconciler.spawn(reconciler.orphans.sweep(node, agent.endpoint, existing_uid, workload_in_scope))
 
 
 @kopf.on.event(GROUP, VERSION, WORKLOADS, when=workload_in_scope)

@@ -65,6 +65,23 @@ class TargetPlan:
         return frozenset(self.targets) | frozenset(self.blocked)
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """What the operator knows of the nodes: labels of every Node, and each node's agent (RmdNodeState)."""
+
+    node_labels: Mapping[str, Mapping[str, str]]
+    agents: Mapping[str, NodeAgent]
+
+
+def reachable_agent(node: str, cluster: Cluster) -> NodeAgent | None:
+    """The node's agent if there is one to call; None when the node or its agent is gone (then there is
+    nobody to remove anything from, and nothing to wait for)."""
+    agent = cluster.agents.get(node)
+    if node not in cluster.node_labels or agent is None or not agent.endpoint:
+        return None
+    return agent
+
+
 def node_state_name(node: str) -> str:
     return NODE_STATE_PREFIX + node
 

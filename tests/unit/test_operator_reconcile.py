@@ -11,9 +11,9 @@ from rmd_api.agent.v1 import agent_pb2
 from rmd_operator import status as st
 from rmd_operator.agent_client import CallFailure
 from rmd_operator.errors import RetryLater
-from rmd_operator.reconcile import Cluster, Reconciler
+from rmd_operator.reconcile import Reconciler
 from rmd_operator.settings import OperatorSettings
-from rmd_operator.targets import Capability, NodeAgent
+from rmd_operator.targets import Capability, Cluster, NodeAgent
 
 RDT = {"rdtL3Cat": Capability(True, "11 ways"), "mba": Capability(True)}
 
@@ -315,12 +315,12 @@ async def test_orphan_sweep(world: Any) -> None:
         ("other", "x"): ref("other", "x", "u5"),
     }
     existing = {("ns", "alive"): "u3", ("ns", "recreated"): "new"}
-    removed = await r.sweep_orphans(
+    removed = await r.orphans.sweep(
         "a", "10.0.0.0:1", lambda ns, name: existing.get((ns, name)), lambda ns: ns == "ns"
     )
     assert sorted(removed) == ["ns/gone", "ns/recreated"]
     assert set(agents.held["a"]) == {("ns", "alive"), ("ns", "no-uid"), ("other", "x")}
-    assert not r.sweep_due("a")
+    assert not r.orphans.due("a")
 
 
 async def test_invalid_spec_is_reported_without_calls(world: Any) -> None:
