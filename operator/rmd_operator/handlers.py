@@ -41,7 +41,8 @@ from rmd_operator.csr_signer import AgentCertificateSigner
 from rmd_operator.errors import ConfigError, RetryLater
 from rmd_operator.events import EventPoster
 from rmd_operator.kube import GROUP, NODE_STATES, VERSION, WORKLOADS, StatusWriter
-from rmd_operator.pod_flow import PodFlow, PodObjectsApi
+from rmd_operator.pod_flow import PodFlow
+from rmd_operator.pod_objects import PodObjectsApi
 from rmd_operator.pod_watch import BOUND, PodWatch, wanted
 from rmd_operator.reconcile import Reconciler
 from rmd_operator.settings import OperatorSettings, active

@@ -13,7 +13,7 @@ import pytest
 
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.cpuset import parse_cpu_list
-from rmd_operator import pod_flow, pods
+from rmd_operator import pod_cpus, pods
 from rmd_operator.agent_client import CallFailure
 from rmd_operator.pod_flow import PodFlow
 from rmd_operator.settings import OperatorSettings
@@ -613,8 +613,8 @@ class Harness:
 
 @pytest.fixture(autouse=True)
 def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pod_flow, "_ALLOCATION_POLL", (0.01, 0.02))
-    monkeypatch.setattr(pod_flow, "_RELEASE_POLL", (0.01, 0.02))
+    monkeypatch.setattr(pod_cpus, "ALLOCATION_POLL", (0.01, 0.02))
+    monkeypatch.setattr(pod_cpus, "RELEASE_POLL", (0.01, 0.02))
 
 
 async def test_cpus_are_retried_until_allocated_then_the_workload_is_created() -> None:
@@ -689,7 +689,7 @@ async def test_each_distinct_reason_is_posted_once() -> None:
 async def test_cpus_the_kubelet_does_not_report_for_long_give_one_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(pod_flow, "_QUIET_SECONDS", 0.1)
+    monkeypatch.setattr(pod_cpus, "_QUIET_SECONDS", 0.1)
     h = Harness()
     h.agents.answers[("ns", "web", "c")] = [
         agent_pb2.GetContainerCpusResponse(state=NOT_YET, detail="the kubelet has no pod ns/web")
@@ -709,7 +709,7 @@ async def test_cpus_the_kubelet_does_not_report_for_long_give_one_warning(
 
 
 async def test_a_node_without_an_agent_gives_a_warning_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pod_flow, "_QUIET_SECONDS", 0.1)
+    monkeypatch.setattr(pod_cpus, "_QUIET_SECONDS", 0.1)
     h = Harness()
     h.flow.agent_changed("worker-1", None)
     h.agents.allocate("ns", "web", "c", 2)
@@ -949,7 +949,7 @@ async def test_deleted_pod_stops_waiting() -> None:
 
 
 async def test_a_pod_whose_deletion_the_watch_missed_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pod_flow, "_POD_CHECK_SECONDS", 0.05)
+    monkeypatch.setattr(pod_cpus, "_POD_CHECK_SECONDS", 0.05)
     h = Harness()
     h.objects.pods[("ns", "web")] = "uid-1"
     h.flow.pod_changed(None, pod())  # never allocated
