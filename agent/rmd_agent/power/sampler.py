@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rmd_agent.errors import HostReadError
@@ -384,79 +384,111 @@ class PowerSampler:
             self._snapshot = dataclasses.replace(self._snapshot, stats=self._stats)
 
     def _finish_stats(self, errors: Mapping[str, int], duration: float) -> None:
-        counts = dict(self._stats.errors)
-        for source, n in errors.items():
-            counts[source] = counts.get(source, 0) + n
-        buckets = tuple(
-            count + (1 if duration <= bound else 0)
-            for count, bound in zip(self._stats.duration_buckets, DURATION_BUCKETS, strict=True)
-        )
-        self._stats = SamplerStats(
-            samples=self._stats.samples + 1,
-            errors=counts,
-            duration_buckets=buckets,
-            duration_sum=self._stats.duration_sum + duration,
-            last_duration=duration,
-            last_sample_time=self.wall_clock(),
-        )
+        self._stats = next_stats(self._stats, errors, duration, self.wall_clock())
 
     def _build(self, seconds: float) -> PowerSnapshot:
-        ledger, power = self.ledger, self.ledger.power
-        zones = []
-        for key in sorted(ledger.node):
-            totals = ledger.node[key]
-            watts = power.node.get(key)
-            zones.append(
-                NodeZone(
-                    key,
-                    totals.energy,
-                    totals.active,
-                    totals.idle,
-                    watts.energy if watts else 0.0,
-                    watts.active if watts else 0.0,
-                    watts.idle if watts else 0.0,
-                )
-            )
-        pods: list[PodEnergy] = []
-        containers: list[ContainerEnergy] = []
-        for uid in sorted(ledger.pods):
-            if not self._exportable(uid):
-                continue
-            meta = self._meta.get(uid, PodMeta("", ""))
-            pod_watts = power.pods.get(uid, {})
-            energy = dict(ledger.pods[uid])
-            pods.append(
-                PodEnergy(uid, meta.namespace, meta.name, energy, {k: pod_watts.get(k, 0.0) for k in energy})
-            )
-        for (uid, name), energy in sorted(ledger.containers.items()):
-            if uid not in ledger.pods or not self._exportable(uid):
-                continue
-            meta = self._meta.get(uid, PodMeta("", ""))
-            part_watts = power.containers.get((uid, name), {})
-            containers.append(
-                ContainerEnergy(
-                    uid,
-                    meta.namespace,
-                    meta.name,
-                    name,
-                    dict(energy),
-                    {k: part_watts.get(k, 0.0) for k in energy},
-                )
-            )
-        for gone in self._terminated.values():
-            pods.append(gone.pod)
-            containers.extend(gone.containers)
-        kinds = {z.key.kind for z in zones}
-        return PowerSnapshot(
+        return build_snapshot(
+            self.ledger,
             seq=self._stats.samples,
             rapl_reason="" if self.rapl.status is None else self.rapl.status.reason,
             interval_seconds=seconds,
-            busy_ratio=power.busy_ratio,
-            zones=tuple(zones),
-            host_kinds=host_zone_kinds(kinds),
-            pods=tuple(pods),
-            containers=tuple(containers),
-            system_j=dict(ledger.system),
-            system_watts=dict(power.system),
+            meta={
+                uid: self._meta.get(uid, PodMeta("", "")) for uid in self.ledger.pods if self._exportable(uid)
+            },
+            terminated=tuple(self._terminated.values()),
             stats=self._stats,
         )
+
+
+def next_stats(stats: SamplerStats, errors: Mapping[str, int], duration: float, at: float) -> SamplerStats:
+    """`stats` after one more sample that took `duration` seconds, finished at wall time `at`."""
+    counts = dict(stats.errors)
+    for source, n in errors.items():
+        counts[source] = counts.get(source, 0) + n
+    buckets = tuple(
+        count + (1 if duration <= bound else 0)
+        for count, bound in zip(stats.duration_buckets, DURATION_BUCKETS, strict=True)
+    )
+    return SamplerStats(
+        samples=stats.samples + 1,
+        errors=counts,
+        duration_buckets=buckets,
+        duration_sum=stats.duration_sum + duration,
+        last_duration=duration,
+        last_sample_time=at,
+    )
+
+
+def build_snapshot(
+    ledger: EnergyLedger,
+    *,
+    seq: int,
+    rapl_reason: str,
+    interval_seconds: float,
+    meta: Mapping[str, PodMeta],
+    terminated: Sequence[_Terminated],
+    stats: SamplerStats,
+) -> PowerSnapshot:
+    """The snapshot of the ledger's totals and last interval's power. Pods (and their containers) are
+    exported only when `meta` has them: the caller holds back pods whose name is not known yet."""
+    power = ledger.power
+    zones = []
+    for key in sorted(ledger.node):
+        totals = ledger.node[key]
+        watts = power.node.get(key)
+        zones.append(
+            NodeZone(
+                key,
+                totals.energy,
+                totals.active,
+                totals.idle,
+                watts.energy if watts else 0.0,
+                watts.active if watts else 0.0,
+                watts.idle if watts else 0.0,
+            )
+        )
+    pods: list[PodEnergy] = []
+    containers: list[ContainerEnergy] = []
+    for uid in sorted(ledger.pods):
+        if uid not in meta:
+            continue
+        pod_meta = meta[uid]
+        pod_watts = power.pods.get(uid, {})
+        energy = dict(ledger.pods[uid])
+        pods.append(
+            PodEnergy(
+                uid, pod_meta.namespace, pod_meta.name, energy, {k: pod_watts.get(k, 0.0) for k in energy}
+            )
+        )
+    for (uid, name), energy in sorted(ledger.containers.items()):
+        if uid not in ledger.pods or uid not in meta:
+            continue
+        pod_meta = meta[uid]
+        part_watts = power.containers.get((uid, name), {})
+        containers.append(
+            ContainerEnergy(
+                uid,
+                pod_meta.namespace,
+                pod_meta.name,
+                name,
+                dict(energy),
+                {k: part_watts.get(k, 0.0) for k in energy},
+            )
+        )
+    for gone in terminated:
+        pods.append(gone.pod)
+        containers.extend(gone.containers)
+    kinds = {z.key.kind for z in zones}
+    return PowerSnapshot(
+        seq=seq,
+        rapl_reason=rapl_reason,
+        interval_seconds=interval_seconds,
+        busy_ratio=power.busy_ratio,
+        zones=tuple(zones),
+        host_kinds=host_zone_kinds(kinds),
+        pods=tuple(pods),
+        containers=tuple(containers),
+        system_j=dict(ledger.system),
+        system_watts=dict(power.system),
+        stats=stats,
+    )
