@@ -255,6 +255,14 @@ def _group_mask(group: ResctrlGroup, resource: str, domain: int) -> int | None:
 
 
 class _Planner:
+    """One planning pass: admit the workloads in order (CPUs, CLOSIDs, guaranteed ways), then lay out the
+    best-effort and shared ways, then emit the groups (`layout`).
+
+    One class of about 340 lines on purpose: every step reads and updates the same per-domain accounting of
+    ways (`_Domain`: other tools' ways, guaranteed and best-effort holders), so split into several objects
+    they would hand that state around without any step becoming independent.
+    """
+
     def __init__(
         self, node: NodeInventory, current: ResctrlState | None, owned: Callable[[str], bool]
     ) -> None:
