@@ -100,7 +100,7 @@ def _serve_fake(settings_json: str) -> None:
 
     settings = load_settings(json.loads(settings_json))
     configure_logging(settings.log_format, settings.log_level)
-    asyncio.run(serve(settings, lambda _: MemoryEngine()))
+    asyncio.run(serve(settings, lambda _settings, _pods: MemoryEngine()))
 
 
 # -- measuring -----------------------------------------------------------------------------------------------
@@ -219,6 +219,7 @@ def run(calls: int, engine: str) -> dict[str, Any]:
         mount = ResctrlMount(work / "host")  # the agent needs a kernel-like resctrl, not plain files
         mount.start()
         settings["host_root"] = str(work / "host")
+        settings["pstate_counters"] = "files"
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
         command = [sys.executable, "-m", "rmd_agent", "serve", *flags]
     else:

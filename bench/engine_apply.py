@@ -79,7 +79,9 @@ def _child(host: str) -> dict[str, Any]:
     from rmd_agent.plan.resctrl_layout import diff, plan_layout
     from rmd_agent.settings import AgentSettings
 
-    settings = AgentSettings(host_root=Path(host), node_name="bench", log_level="warning")
+    settings = AgentSettings(
+        host_root=Path(host), node_name="bench", log_level="warning", pstate_counters="files"
+    )
     fs = HostFS(host)
     facts = read_node_facts(fs)
     resctrl = read_resctrl(fs)

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -23,6 +23,9 @@ from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, ManagedEngine, 
 from rmd_agent.hostfs import HostFS
 from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import AgentSettings
+
+if TYPE_CHECKING:
+    from rmd_agent.kubelet.podresources import PodResourcesClient
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +96,18 @@ def kubernetes_available(settings: AgentSettings) -> bool:
 
 
 class Companions:
-    def __init__(self, settings: AgentSettings, engine: ManagedEngine, registry: CollectorRegistry) -> None:
+    """The tasks around `engine`. `pods`: the agent's PodResources client, opened and closed by the caller."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        engine: ManagedEngine,
+        registry: CollectorRegistry,
+        pods: PodResourcesClient,
+    ) -> None:
         self.settings = settings
         self.registry = registry
+        self.pods = pods
         self.engine = NotifyingEngine(engine, self._changed)
         self._listeners: list[Callable[[], None]] = []
         self._stoppers: list[Callable[[], None]] = []
@@ -154,7 +166,7 @@ class Companions:
         if settings.nrt_enabled:
             from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider
 
-            exporter = NrtExporter(settings, factory, engine_l3_provider(self.engine))
+            exporter = NrtExporter(settings, factory, engine_l3_provider(self.engine), pods=self.pods)
             self._listeners.append(lambda: exporter.poke("workloads changed"))
             self._stoppers.append(exporter.stop)
             self._spawn("nrt-exporter", exporter.run())

@@ -11,7 +11,7 @@ from rmd_agent.errors import AgentError, Unsupported
 from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.config import read_kubelet_config
 from rmd_agent.kubelet.pod_lookup import LookupApi, PodLookup
-from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient
+from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient, pod_resources_client
 from rmd_agent.observe.caches import read_l3_caches
 from rmd_agent.observe.cgroups import read_cgroups
 from rmd_agent.observe.cpufreq import read_cpufreq
@@ -165,13 +165,19 @@ async def _probe_pod_resources(settings: AgentSettings, lookup: PodLookup | None
             "mounted)"
         )
         return [_missing("podResources", why), _missing(POD_LOOKUP, f"not checked: {why}")]
-    async with PodResourcesClient(socket, timeout=settings.kubelet_timeout_seconds) as client:
-        try:
-            pods = await client.list()
-        except AgentError as exc:
-            return [_missing("podResources", str(exc)), _missing(POD_LOOKUP, f"not checked: {exc}")]
-        listed = _found("podResources", f"{socket}: {len(pods)} pod(s) listed")
-        return [listed, await _probe_get(client, lookup, pods)]
+    if lookup is not None:  # the running agent's, over its one PodResources client
+        return await _probe_listing(socket, lookup.client, lookup)
+    async with pod_resources_client(settings) as client:
+        return await _probe_listing(socket, client, None)
+
+
+async def _probe_listing(socket: Path, client: PodResourcesClient, lookup: PodLookup | None) -> list[Finding]:
+    try:
+        pods = await client.list()
+    except AgentError as exc:
+        return [_missing("podResources", str(exc)), _missing(POD_LOOKUP, f"not checked: {exc}")]
+    listed = _found("podResources", f"{socket}: {len(pods)} pod(s) listed")
+    return [listed, await _probe_get(client, lookup, pods)]
 
 
 async def _probe_get(
@@ -188,8 +194,8 @@ async def _probe_get(
 
 
 async def probe_async(settings: AgentSettings, lookup: PodLookup | None = None) -> ProbeReport:
-    """The findings. `lookup` is the running agent's: its knowledge of Get is reported (and only checked with
-    the kubelet while it has none); without it, the probe asks the kubelet itself."""
+    """The findings. `lookup` is the running agent's: its client is used and its knowledge of Get reported
+    (and only checked with the kubelet while it has none); without it, the probe opens a client of its own."""
     fs = HostFS(settings.host_root)
     findings = [
         *_probe_rdt(fs),

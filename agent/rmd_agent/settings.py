@@ -146,6 +146,14 @@ class AgentSettings:
         default=15.0,
         metadata={"help": "refresh of the per-workload cache metrics (ways, LLC occupancy, MBM)"},
     )
+    # -- P-state monitoring (docs/pstate.md) --
+    pstate_counters: str = field(
+        default="perf",
+        metadata={
+            "help": "where P-state monitors read branch counters: perf (the kernel's perf events, needs "
+            "CAP_PERFMON) or files (<host_root>/.rmd-sim/perf, written by a simulated node; test only)"
+        },
+    )
     # -- device plugin (docs/deviceplugin.md) --
     device_plugin_enabled: bool = field(
         default=True,

@@ -84,6 +84,17 @@ class AgentState:
             self, workloads=tuple(record if r.key == record.key else r for r in self.workloads)
         )
 
+    def with_request(self, request: Workload) -> AgentState:
+        """The registry asking for `request`: a changed request of the same object (uid) keeps its record id
+        and last resolution, a new object of that name gets the next id; an unchanged one, this registry."""
+        old = self.find(request.key)
+        if old is not None and old.request == request:
+            return self
+        if old is not None and old.request.uid == request.uid:
+            return self.with_record(WorkloadRecord(old.id, request, old.resolved))
+        renewed = self.with_record(WorkloadRecord(str(self.next_id), request, None))
+        return dataclasses.replace(renewed, next_id=self.next_id + 1)
+
     def without(self, key: str) -> AgentState:
         return dataclasses.replace(self, workloads=tuple(r for r in self.workloads if r.key != key))
 

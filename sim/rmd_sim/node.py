@@ -159,6 +159,7 @@ class SimNode:
             "tls_key": str(key),
             "tls_client_ca": str(self.pki.ca_file),
             "allowed_clients": [OPERATOR_IDENTITY],
+            "pstate_counters": "files",  # the simulated hardware counters (rmd_sim.perf)
             **self.kubernetes_settings(),
             **self.extra_settings,
         }

@@ -540,7 +540,7 @@ def serve_process(pki: Pki, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[s
         spec.loader.exec_module(module)
         logging.basicConfig(level=logging.INFO)
         settings = load_settings({settings.as_dict()!r})
-        asyncio.run(serve(settings, lambda s: module.FakeEngine()))
+        asyncio.run(serve(settings, lambda s, pods: module.FakeEngine()))
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from rmd_agent.act.resctrl_apply import ResctrlApplier, ResctrlWriteError
-from rmd_agent.engine import NodeEngine, cross_check_cpus, default_counters
+from rmd_agent.engine import NodeEngine
 from rmd_agent.engine_api import CpuState, EngineUnavailable
-from rmd_agent.errors import Unsupported
+from rmd_agent.errors import ConfigError, Unsupported
 from rmd_agent.hostfs import HostFS
+from rmd_agent.kubelet.container_cpus import cross_check_cpus
 from rmd_agent.observe.resctrl import read_resctrl
 from rmd_agent.plan.inventory import PoolConfig, PoolSizes, pool_sizes
 from rmd_agent.plan.policy import PolicyBook, platform_from_cpuinfo
@@ -34,7 +35,8 @@ from rmd_agent.plan.resctrl_layout import (
     group_name,
 )
 from rmd_agent.plan.workload import RejectReason, Workload, WorkloadRejected
-from rmd_agent.pstate import FileCounters
+from rmd_agent.pstate import FileCounters, PerfEventCounters
+from rmd_agent.pstate.counters import counter_source
 from rmd_agent.settings import AgentSettings
 from rmd_agent.state_store import (
     _CPU_SET_FIELDS,
@@ -93,7 +95,7 @@ class SimNode:
 
     @property
     def settings(self) -> AgentSettings:
-        return AgentSettings(node_name="node-1", host_root=self.host)
+        return AgentSettings(node_name="node-1", host_root=self.host, pstate_counters="files")
 
     @property
     def sim(self) -> SimResctrl:
@@ -921,9 +923,12 @@ async def test_engine_refuses_to_start_on_a_corrupt_state_file(node: SimNode) ->
     assert (await engine.ready())[0] is False
 
 
-def test_counters_follow_the_tree(make_node: Callable[..., SimNode]) -> None:
-    node = make_node(mounted=False)
-    assert isinstance(default_counters(HostFS(node.host)), FileCounters)
+def test_counters_follow_the_setting(make_node: Callable[..., SimNode]) -> None:
+    fs = HostFS(make_node(mounted=False).host)  # a simulated tree: its counter files are not looked for
+    assert isinstance(counter_source("perf", fs), PerfEventCounters)
+    assert isinstance(counter_source("files", fs), FileCounters)
+    with pytest.raises(ConfigError, match="pstate_counters"):
+        counter_source("sim", fs)
 
 
 async def test_a_cancelled_apply_still_leaves_engine_kernel_and_state_agreeing(

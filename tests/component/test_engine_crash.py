@@ -61,7 +61,8 @@ DRIVER = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
 
     async def main():
-        engine = NodeEngine(AgentSettings(host_root=Path(host)), step_hook=hook, pstate_interval=interval)
+        settings = AgentSettings(host_root=Path(host), pstate_counters="files")
+        engine = NodeEngine(settings, step_hook=hook, pstate_interval=interval)
         await engine.start()
         for i, (kind, ns, name, spec) in enumerate(actions):
             if kind == "apply":
@@ -121,7 +122,7 @@ class Node:
 
     @property
     def settings(self) -> AgentSettings:
-        return AgentSettings(host_root=self.host)
+        return AgentSettings(host_root=self.host, pstate_counters="files")
 
     @property
     def resctrl(self) -> Path:

@@ -70,6 +70,10 @@ class PodLookup:
     def api(self) -> LookupApi:
         return self._api
 
+    @property
+    def client(self) -> PodResourcesClient:
+        return self._client
+
     async def find(self, namespace: str, name: str) -> PodResources | None:
         """The pod's resources, or None if the kubelet has no such (active) pod. KubeletUnavailable."""
         if self._api.get is False and self._clock() < self._recheck_at:

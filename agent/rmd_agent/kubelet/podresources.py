@@ -18,13 +18,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 import grpc.aio
 
 from rmd_agent.errors import KubeletUnavailable
 from rmd_api.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
+
+if TYPE_CHECKING:
+    from rmd_agent.settings import AgentSettings
 
 # The kubelet's own podresources client allows 16 MiB answers (defaultPodResourcesMaxSize); big nodes need it.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -186,6 +189,13 @@ class PodResourcesClient:
                 raise KubeletUnavailable(f"{where}: unreachable ({exc.details()})") from exc
             details = exc.details() or ""
             raise PodResourcesCallFailed(f"{where}: {code.name}: {details}", code, details) from exc
+
+
+def pod_resources_client(settings: AgentSettings) -> PodResourcesClient:
+    """A client (not yet entered) of the kubelet that `settings` name, with their call deadline."""
+    return PodResourcesClient(
+        settings.host_path(settings.pod_resources_socket), timeout=settings.kubelet_timeout_seconds
+    )
 
 
 def _not_found_message(namespace: str, name: str) -> str:

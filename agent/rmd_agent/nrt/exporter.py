@@ -20,6 +20,7 @@ the write rate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,7 +30,7 @@ from rmd_agent.engine_api import GUARANTEED_POOL, Engine, guaranteed_held
 from rmd_agent.errors import AgentError, ConfigError, Unsupported
 from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.config import KubeletConfig, read_kubelet_config
-from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient
+from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient, pod_resources_client
 from rmd_agent.nrt import fingerprint
 from rmd_agent.nrt.pod_qos import KubeletPodQoS
 from rmd_agent.nrt.publisher import NrtPublisher
@@ -126,6 +127,7 @@ class NrtExporter:
         settings: AgentSettings,
         api_client_factory: Callable[[], Any],
         l3_provider: L3Provider | None = None,
+        pods: PodResourcesClient | None = None,
     ) -> None:
         if not settings.node_name:
             raise ConfigError("node_name is required to export the NodeResourceTopology")
@@ -144,6 +146,7 @@ class NrtExporter:
         self.exclude = node_exclusions(settings.nrt_exclude, settings.node_name)
         self._api_client_factory = api_client_factory
         self._l3 = l3_provider or sysfs_l3_provider(self.fs)
+        self._pods = pods  # the agent's (opened and closed by it); None: run() opens one of its own
         self._trigger = RefreshTrigger()
         self._stopping = False
         self._config_warned = False
@@ -171,9 +174,10 @@ class NrtExporter:
         api_client = await asyncio.to_thread(self._api_client_factory)
         try:
             self.publisher = NrtPublisher(api_client, settings.node_name)
-            async with PodResourcesClient(
-                settings.host_path(settings.pod_resources_socket), settings.kubelet_timeout_seconds
-            ) as podres:
+            async with contextlib.AsyncExitStack() as owned:
+                podres = self._pods
+                if podres is None:
+                    podres = await owned.enter_async_context(pod_resources_client(settings))
                 watchers = [
                     asyncio.create_task(
                         watch_kubelet_state(

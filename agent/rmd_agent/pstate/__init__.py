@@ -2,7 +2,7 @@
 
 policy.py is the pure decision; counters.py reads branch counters (perf events, or a simulated node's files);
 cpufreq_control.py writes and restores frequency limits; monitor.py is the sampling loop of one workload;
-plugin.py is the facade the agent's engine calls.
+plugin.py is the per-workload facade; sync.py keeps its monitors in step with the engine's workloads.
 """
 
 from rmd_agent.pstate.counters import CounterSource, CounterUnavailable, FileCounters, PerfEventCounters

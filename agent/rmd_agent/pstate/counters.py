@@ -10,6 +10,9 @@ VMs usually have none, and the open fails with ENOENT.
 
     <host root>/.rmd-sim/perf/cpuN/branches        cumulative branch instructions, decimal, newline
     <host root>/.rmd-sim/perf/cpuN/branch_misses   cumulative branch misses, decimal, newline
+
+The setting `pstate_counters` chooses between them (`counter_source`): perf everywhere but on simulated
+nodes, which set files.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from rmd_agent.errors import AgentError, HostReadError, Unsupported
+from rmd_agent.errors import AgentError, ConfigError, HostReadError, Unsupported
 from rmd_agent.hostfs import HostFS
 from rmd_agent.pstate.policy import BranchCounts
 
 log = logging.getLogger(__name__)
 
 SIM_PERF_DIR = ".rmd-sim/perf"  # relative to the host root; the layout rmd_sim.perf writes
+PERF, FILES = "perf", "files"  # the values of the setting pstate_counters
 
 # perf_event_open syscall numbers (arch/*/entry/syscalls, include/uapi/asm-generic/unistd.h).
 PERF_EVENT_OPEN_SYSCALL = {
@@ -268,3 +272,13 @@ class FileCounters:
 
     def close(self) -> None:
         """Nothing is held open."""
+
+
+def counter_source(kind: str, fs: HostFS) -> CounterSource:
+    """The branch counters setting `pstate_counters` names: the kernel's perf events, or a simulated
+    node's files under `fs`."""
+    if kind == PERF:
+        return PerfEventCounters(fs)
+    if kind == FILES:
+        return FileCounters.for_host(fs)
+    raise ConfigError(f"setting pstate_counters: {kind!r} must be {PERF!r} or {FILES!r}")

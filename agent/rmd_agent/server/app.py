@@ -5,6 +5,9 @@ Start: settings, certificates and ports are checked first (fail fast, before tou
 endpoints come up (alive, not ready), the engine starts (reconciles with the node), and the gRPC server
 opens. Stop (SIGTERM, SIGINT): readiness and gRPC health turn NOT_SERVING, in-flight
 calls get shutdown_grace_seconds to finish, then the engine closes and the HTTP endpoints go last.
+
+`serve` opens the one client of the kubelet's PodResources API that the engine (container CPUs, the probe of
+its capabilities) and the NodeResourceTopology export share, and closes it after everything else.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -36,6 +39,9 @@ from rmd_agent.settings import AgentSettings, split_host_port
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.agent_certs import MIN_EXPIRATION_SECONDS
 
+if TYPE_CHECKING:
+    from rmd_agent.kubelet.podresources import PodResourcesClient
+
 log = logging.getLogger(__name__)
 
 AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
@@ -51,13 +57,14 @@ _GRPC_OPTIONS = [
 ]
 
 
-EngineFactory = Callable[[AgentSettings], ManagedEngine]
+# The engine of `serve`, given the agent's one PodResources client (open while the engine runs).
+EngineFactory = Callable[[AgentSettings, "PodResourcesClient"], ManagedEngine]
 
 
-def create_default_engine(settings: AgentSettings) -> ManagedEngine:
+def create_default_engine(settings: AgentSettings, pods: PodResourcesClient) -> ManagedEngine:
     # Imported late, so the server modules load (and are tested) without the node-side stack.
     engines = importlib.import_module("rmd_agent.engine")
-    engine: ManagedEngine = engines.create_engine(settings)
+    engine: ManagedEngine = engines.create_engine(settings, pods)
     return engine
 
 
@@ -245,14 +252,23 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (or `stop` is set)."""
-    from rmd_agent.companions import Companions
+    from rmd_agent.kubelet.podresources import pod_resources_client
 
     check_serve_settings(settings)
+    async with pod_resources_client(settings) as pods:  # shared by the engine, the probe and the NRT export
+        await _run(settings, engine_factory(settings, pods), pods, stop or asyncio.Event())
+    log.info("stopped")
+
+
+async def _run(
+    settings: AgentSettings, engine: ManagedEngine, pods: PodResourcesClient, stop: asyncio.Event
+) -> None:
+    from rmd_agent.companions import Companions
+
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
-    companions = Companions(settings, engine_factory(settings), registry)
+    companions = Companions(settings, engine, registry, pods)
     server = AgentServer(settings, companions.engine, registry)
-    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT)
     for sig in signals:
@@ -269,4 +285,3 @@ async def serve(
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
-    log.info("stopped")
