@@ -51,10 +51,11 @@ def test_a_new_empty_map_is_sent() -> None:
     assert merge_patch({"workloads": "odd"}, {"workloads": {}}) == {"workloads": {}}
 
 
-json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=3)
-# Desired documents hold no nulls inside mappings (merge patch cannot express a null value).
+# Desired documents hold no nulls inside mappings (merge patch cannot express a null value). Drawn without
+# nulls rather than filtered: a filter failed Hypothesis's health check now and then.
+non_null_scalars = st.booleans() | st.integers() | st.text(max_size=3)
 values = st.recursive(
-    json_scalars.filter(lambda v: v is not None),
+    non_null_scalars,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abcd"), inner, max_size=4),
     max_leaves=12,
 )
