@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # absent from grpc-stubs
 from prometheus_client import CollectorRegistry, ProcessCollector
 
+from rmd_agent.companions import Companions
 from rmd_agent.engine_api import ManagedEngine
 from rmd_agent.errors import ConfigError
 from rmd_agent.kube import create_api_client
@@ -245,8 +246,6 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (or `stop` is set)."""
-    from rmd_agent.companions import Companions
-
     check_serve_settings(settings)
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
