@@ -42,7 +42,15 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, CpuState, NodeSummary
+from rmd_agent.logsetup import configure_logging
+from rmd_agent.plan.workload import Workload
+from rmd_agent.server.app import serve
+from rmd_agent.settings import load_settings
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
+
+# The simulator is imported only where the benchmark (the parent) uses it: this file is also the fake
+# agent's program (--serve-fake), whose memory is measured.
 
 _agent_stub: Any = agent_pb2_grpc.AgentStub  # generated without annotations
 
@@ -57,11 +65,6 @@ READY_TIMEOUT = 60.0
 
 def _serve_fake(settings_json: str) -> None:
     """Child process: the real `serve()` with an in-memory engine."""
-    from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, CpuState, NodeSummary
-    from rmd_agent.logsetup import configure_logging
-    from rmd_agent.plan.workload import Workload
-    from rmd_agent.server.app import serve
-    from rmd_agent.settings import load_settings
 
     class MemoryEngine:
         def __init__(self) -> None:
@@ -190,7 +193,7 @@ def _engine_mode(choice: str) -> str:
 
 
 def run(calls: int, engine: str) -> dict[str, Any]:
-    from rmd_sim.pki import CertificateAuthority  # here, not at the top: the fake agent must not load it
+    from rmd_sim.pki import CertificateAuthority  # noqa: PLC0415  # not in the fake agent
 
     work = Path(tempfile.mkdtemp(prefix="rmd-bench-"))
     ca = CertificateAuthority("bench-ca")
@@ -211,9 +214,9 @@ def run(calls: int, engine: str) -> dict[str, Any]:
     }
     mount = None
     if engine == "real":
-        from rmd_sim.hosttree import write_host_tree
-        from rmd_sim.resctrl_fuse import ResctrlMount
-        from rmd_sim.spec import load_spec
+        from rmd_sim.hosttree import write_host_tree  # noqa: PLC0415  # not in the fake agent
+        from rmd_sim.resctrl_fuse import ResctrlMount  # noqa: PLC0415
+        from rmd_sim.spec import load_spec  # noqa: PLC0415
 
         write_host_tree(load_spec("default"), work / "host")
         mount = ResctrlMount(work / "host")  # the agent needs a kernel-like resctrl, not plain files

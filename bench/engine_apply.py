@@ -38,6 +38,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rmd_agent.engine import NodeEngine, read_node_facts
+from rmd_agent.errors import Unsupported
+from rmd_agent.hostfs import HostFS
+from rmd_agent.observe.resctrl import read_resctrl
+from rmd_agent.plan.inventory import NodeInventory
+from rmd_agent.plan.policy import PolicyBook
+from rmd_agent.plan.resctrl_layout import diff, plan_layout
+from rmd_agent.plan.workload import Workload
+from rmd_agent.settings import AgentSettings
+
+# The simulator is imported only in the parent (run): this file is also the child's program (--child), and
+# the child's memory is measured.
+
 WORKLOADS = 100
 REFERENCE_RSS_MIB = 60.0
 
@@ -50,8 +63,6 @@ def _rss_mib() -> float:
 
 
 def _workloads(cpus_by_socket: list[list[int]]) -> list[Any]:
-    from rmd_agent.plan.workload import Workload
-
     free = [list(cpus) for cpus in cpus_by_socket]
     out = []
     for i in range(WORKLOADS):
@@ -70,15 +81,6 @@ def _workloads(cpus_by_socket: list[list[int]]) -> list[Any]:
 
 def _child(host: str) -> dict[str, Any]:
     """Runs in the child process: the measurements, as a JSON-able dict."""
-    from rmd_agent.engine import NodeEngine, read_node_facts
-    from rmd_agent.errors import Unsupported
-    from rmd_agent.hostfs import HostFS
-    from rmd_agent.observe.resctrl import read_resctrl
-    from rmd_agent.plan.inventory import NodeInventory
-    from rmd_agent.plan.policy import PolicyBook
-    from rmd_agent.plan.resctrl_layout import diff, plan_layout
-    from rmd_agent.settings import AgentSettings
-
     settings = AgentSettings(
         host_root=Path(host), node_name="bench", log_level="warning", pstate_counters="files"
     )
@@ -152,10 +154,10 @@ def _child(host: str) -> dict[str, Any]:
 
 
 def run() -> dict[str, Any]:
-    from rmd_sim.hosttree import write_host_tree
-    from rmd_sim.resctrl import check_resctrl_tree
-    from rmd_sim.resctrl_fuse import ResctrlMount
-    from rmd_sim.spec import NodeSpec
+    from rmd_sim.hosttree import write_host_tree  # noqa: PLC0415  # not in the child
+    from rmd_sim.resctrl import check_resctrl_tree  # noqa: PLC0415
+    from rmd_sim.resctrl_fuse import ResctrlMount  # noqa: PLC0415
+    from rmd_sim.spec import NodeSpec  # noqa: PLC0415
 
     parent = "/dev/shm" if Path("/dev/shm").is_dir() else None
     work = Path(tempfile.mkdtemp(prefix="rmd-bench-", dir=parent))

@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, ManagedEngine, NodeSummary
 from rmd_agent.hostfs import HostFS
+from rmd_agent.kube import api_client_factory, create_api_client
+from rmd_agent.metrics.rdt_collector import RdtCollector
 from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import AgentSettings
 
@@ -117,14 +119,13 @@ class Companions:
 
     def _register_metrics(self) -> None:
         settings, fs = self.settings, HostFS(self.settings.host_root)
+        # Each optional companion's modules are imported only when the settings enable it.
         if settings.power_enabled:
-            from rmd_agent.metrics.power_collector import PowerCollector
-            from rmd_agent.power.sampler import PowerSampler
+            from rmd_agent.metrics.power_collector import PowerCollector  # noqa: PLC0415  # optional
+            from rmd_agent.power.sampler import PowerSampler  # noqa: PLC0415  # optional
 
             self.sampler = PowerSampler(fs, interval=settings.power_interval_seconds)
             self.registry.register(PowerCollector(self.sampler, containers=settings.power_containers))
-        from rmd_agent.metrics.rdt_collector import RdtCollector
-
         self.rdt = RdtCollector(fs, self.engine.list)
         self.registry.register(self.rdt)
 
@@ -141,8 +142,8 @@ class Companions:
             self._spawn("power-sampler", self.sampler.run(self._stop))
         self._spawn("rdt-metrics", self.rdt.run(settings.rdt_metrics_interval_seconds, self._stop))
         if settings.device_plugin_enabled:
-            from rmd_agent.deviceplugin.plugin import CacheWaysPlugin
-            from rmd_agent.deviceplugin.pools import engine_pools
+            from rmd_agent.deviceplugin.plugin import CacheWaysPlugin  # noqa: PLC0415  # optional
+            from rmd_agent.deviceplugin.pools import engine_pools  # noqa: PLC0415  # optional
 
             plugin = CacheWaysPlugin(
                 engine_pools(self.engine, HostFS(settings.host_root)),
@@ -159,19 +160,17 @@ class Companions:
                 "NodeResourceTopology"
             )
             return
-        from rmd_agent.kube import api_client_factory, create_api_client
-
         await asyncio.to_thread(create_api_client, settings)  # fail fast on an unusable kubeconfig
         factory = api_client_factory(settings)
         if settings.nrt_enabled:
-            from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider
+            from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider  # noqa: PLC0415  # optional
 
             exporter = NrtExporter(settings, factory, engine_l3_provider(self.engine), pods=self.pods)
             self._listeners.append(lambda: exporter.poke("workloads changed"))
             self._stoppers.append(exporter.stop)
             self._spawn("nrt-exporter", exporter.run())
         if settings.node_state_enabled:
-            from rmd_agent.node_state import NodeStateWriter, endpoint_from_settings
+            from rmd_agent.node_state import NodeStateWriter, endpoint_from_settings  # noqa: PLC0415  # optional
 
             endpoint = endpoint_from_settings(settings.advertise_address, settings.grpc_listen, grpc_port)
             writer = NodeStateWriter(settings, self.engine, factory, endpoint=endpoint)

@@ -15,7 +15,7 @@ from typing import Any
 from rmd_sim.control_plane import add_control_plane_command
 from rmd_sim.demo import add_demo
 from rmd_sim.hosttree import summary, write_host_tree
-from rmd_sim.kubelet import add_kubelet_command
+from rmd_sim.kubelet_cli import add_kubelet_command
 from rmd_sim.resctrl import check_resctrl_tree
 from rmd_sim.resctrl_fuse import add_resctrl_mount_command
 from rmd_sim.spec import SpecError, load_spec

@@ -33,7 +33,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import kubernetes
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from rmd_sim import pki
 
@@ -577,14 +579,12 @@ class ControlPlane:
 
         Close it after use (`with cp.api_client() as api:`).
         """
-        from kubernetes import client, config
-
-        configuration = client.Configuration()
+        configuration = kubernetes.client.Configuration()
         configuration.proxy = None  # set explicitly: otherwise HTTPS_PROXY from the environment is used
-        config.load_kube_config(  # type: ignore[no-untyped-call]  # the loader module has no annotations
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]  # the loader module has no annotations
             config_file=str(kubeconfig or self.kubeconfig), client_configuration=configuration
         )
-        return client.ApiClient(configuration=configuration)
+        return kubernetes.client.ApiClient(configuration=configuration)
 
     def kubeconfig_for(self, user: str, groups: Sequence[str] = (), path: Path | None = None) -> Path:
         """A kubeconfig authenticating as `user` in `groups` (client certificate); RBAC decides the rest.
@@ -627,13 +627,10 @@ class ControlPlane:
         The garbage collector notices resources of CRDs applied after start only on its next discovery
         pass (every 30 s); pass `crds=` to the constructor when tests rely on GC of custom resources.
         """
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
         crds = load_crds(paths)
         deadline = time.monotonic() + timeout
         with self.api_client() as api:
-            ext = client.ApiextensionsV1Api(api)
+            ext = kubernetes.client.ApiextensionsV1Api(api)
             names = []
             for crd in crds:
                 name = crd["metadata"]["name"]

@@ -30,6 +30,8 @@ from kubernetes import client
 from rmd_sim.cluster import SYSTEM_NAMESPACE, SimCluster
 from rmd_sim.control_plane import repo_root
 from rmd_sim.load import SimLoad
+from rmd_sim.realnode.node import binaries_or_reason
+from rmd_sim.realnode.stack import RealStack
 
 NODES = ("worker-node-1", "worker-node-2", "worker-node-3")
 POWER_INTERVAL = 1.0  # seconds; the agents sample RAPL this often in the demo
@@ -193,9 +195,6 @@ async def run_load(cluster: SimCluster, api: Any, stop: asyncio.Event) -> None:
 def real_node_demo(workdir: Path, began: float) -> bool:
     """The chart's own pods on a real kubelet with containerd, and a cache pod there; False when this machine
     cannot run a real node (the reason is printed) or the real node failed."""
-    from rmd_sim.realnode.node import binaries_or_reason
-    from rmd_sim.realnode.stack import RealStack
-
     bin_dir, reason = binaries_or_reason()
     if bin_dir is None:
         print(f"\nReal node: not on this machine ({reason}); the simulated nodes follow.", flush=True)

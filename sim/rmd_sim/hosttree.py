@@ -19,9 +19,9 @@ import yaml
 
 from rmd_api.cpuset import format_cpu_list, parse_cpu_list
 from rmd_sim import resctrl
-from rmd_sim.spec import NodeSpec, spec_from_mapping
+from rmd_sim.perf import write_perf_counters
+from rmd_sim.spec import SPEC_FILE, NodeSpec
 
-SPEC_FILE = ".rmd-sim/spec.json"
 MAX_ENERGY_RANGE_UJ = 262_143_328_850
 CPU_DIR = "sys/devices/system/cpu"
 NODE_DIR = "sys/devices/system/node"
@@ -122,20 +122,8 @@ def write_host_tree(spec: NodeSpec, out: Path, *, replace: bool = False) -> None
     _write_powercap(spec, tree)
     _write_cgroups(spec, tree)
     _write_kubelet(spec, tree)
-    from rmd_sim.perf import write_perf_counters  # perf reads specs back through this module
-
     write_perf_counters(out, range(spec.cpus))  # the simulated hardware counters P-state monitoring reads
     tree.file(SPEC_FILE, json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
-
-
-def read_tree_spec(root: Path) -> NodeSpec:
-    """The spec a tree was written from (its .rmd-sim/spec.json)."""
-    path = Path(root) / SPEC_FILE
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{root} is not a simulated host tree (no {SPEC_FILE})") from None
-    return spec_from_mapping(data)
 
 
 # -- cpus, caches, cpufreq ---------------------------------------------------------------------------------

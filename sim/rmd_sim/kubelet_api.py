@@ -49,7 +49,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-from kubernetes import client, watch
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
@@ -199,8 +199,6 @@ def _same_quantities(current: Mapping[str, Any] | None, desired: Mapping[str, st
 
 def api_client_from_kubeconfig(kubeconfig: Path) -> Any:
     """A kubernetes ApiClient for `kubeconfig`, never through a proxy (close it after use)."""
-    from kubernetes import config
-
     configuration = client.Configuration()
     configuration.proxy = None  # otherwise HTTPS_PROXY from the environment would be used
     config.load_kube_config(  # type: ignore[no-untyped-call]  # the loader module has no annotations

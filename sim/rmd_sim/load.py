@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rmd_sim.hosttree import MAX_ENERGY_RANGE_UJ, RaplZoneDir, rapl_zones, read_tree_spec
-from rmd_sim.spec import NodeSpec
+from rmd_sim.hosttree import MAX_ENERGY_RANGE_UJ, RaplZoneDir, rapl_zones
+from rmd_sim.spec import NodeSpec, read_tree_spec
 
 USER_HZ = 100
 CGROUP = "sys/fs/cgroup"

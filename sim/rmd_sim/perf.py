@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from rmd_sim.hosttree import read_tree_spec
+from rmd_sim.spec import read_tree_spec
 
 PERF_DIR = ".rmd-sim/perf"
 BRANCHES = "branches"

@@ -82,8 +82,8 @@ def fuse_unavailable_reason() -> str | None:
         return "/dev/fuse is missing"
     if shutil.which("fusermount3") is None:
         return "fusermount3 is not installed (Debian package fuse3)"
-    try:
-        import mfusepy  # type: ignore[import-untyped]  # noqa: F401
+    try:  # not at the top: this module must import where mfusepy or libfuse3 is missing
+        import mfusepy  # type: ignore[import-untyped]  # noqa: F401, PLC0415
     except (ImportError, OSError, AttributeError) as exc:  # mfusepy loads libfuse3 at import
         return f"mfusepy or libfuse3 is unavailable: {exc}"
     return None
@@ -395,7 +395,7 @@ class ResctrlMount:
             raise ResctrlMountError(f"could not unmount {self.mountpoint}: {'; '.join(problems)}")
 
     def _serve(self, ops: ResctrlOperations) -> None:
-        import mfusepy
+        import mfusepy  # noqa: PLC0415  # loads libfuse3: only when a mount is served
 
         try:
             mfusepy.FUSE(

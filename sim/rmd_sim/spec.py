@@ -24,6 +24,7 @@ GIB = 1024**3
 RAPL_ZONE_KINDS = ("package", "dram", "core", "uncore", "psys")
 RAPL_SUBZONE_KINDS = ("dram", "core", "uncore")
 CPUFREQ_DRIVERS = ("intel_pstate", "intel_cpufreq", "acpi-cpufreq", "amd-pstate")
+SPEC_FILE = ".rmd-sim/spec.json"  # where rmd_sim.hosttree saves the spec of a tree it writes
 
 
 class SpecError(ValueError):
@@ -324,3 +325,13 @@ def load_spec(name_or_path: str | Path) -> NodeSpec:
         return spec_from_mapping(data)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
+
+
+def read_tree_spec(root: Path) -> NodeSpec:
+    """The spec a tree was written from (its .rmd-sim/spec.json)."""
+    path = Path(root) / SPEC_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{root} is not a simulated host tree (no {SPEC_FILE})") from None
+    return spec_from_mapping(data)

@@ -14,6 +14,7 @@ import pytest
 
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 from rmd_sim.node import ClusterPki, SimNode
+from rmd_sim.spec import NodeSpec
 
 DEADLINE = 10.0
 
@@ -156,8 +157,6 @@ async def test_guaranteed_exhaustion_then_freeing_lets_the_next_in(agent: Any, n
 
 
 async def test_min_cbm_bits_is_honoured(short_tmp: Path) -> None:  # 14
-    from rmd_sim.spec import NodeSpec
-
     spec = NodeSpec(min_cbm_bits=2)
     async with (
         SimNode("n2", short_tmp / "n2", ClusterPki(short_tmp / "pki2"), spec=spec) as node,

@@ -40,12 +40,11 @@ from rmd_sim.kubelet import (
     ContainerSpec,
     Device,
     SimKubelet,
-    add_kubelet_command,
     parse_quantity,
     qos_class,
     read_topology,
-    run_kubelet_command,
 )
+from rmd_sim.kubelet_cli import add_kubelet_command, run_kubelet_command
 from rmd_sim.spec import NodeSpec
 
 # Two sockets, each one NUMA node with two cores of two threads; Linux numbering puts the siblings of
@@ -625,7 +624,8 @@ async def test_standalone_server_serves_until_terminated(host_root: Path, get_di
     socket_path = host_root / "var/lib/kubelet/pod-resources/kubelet.sock"
     flags = ("--get-disabled",) if get_disabled else ()
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "rmd_sim.kubelet", "--host-root", str(host_root), "--reserved-cpus", "1,5"),
+        *(sys.executable, "-m", "rmd_sim.kubelet_cli"),
+        *("--host-root", str(host_root), "--reserved-cpus", "1,5"),
         *flags,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import errno
 import os
@@ -336,8 +337,6 @@ def test_cli_serves_until_sigterm_then_unmounts(host: Path) -> None:
 
 
 def test_add_resctrl_mount_command_registers_the_subcommand() -> None:
-    import argparse
-
     parser = argparse.ArgumentParser()
     add_resctrl_mount_command(parser.add_subparsers())
     args = parser.parse_args(["resctrl-mount", "--host-root", "/tmp/x"])

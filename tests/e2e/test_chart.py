@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -434,8 +435,6 @@ def mounted_file(docs: Sequence[Obj], workload: Obj, path: str) -> tuple[str, Ob
 
 
 def file_text(docs: Sequence[Obj], workload: Obj, path: str) -> str:
-    import base64
-
     key, source = mounted_file(docs, workload, path)
     if source.get("kind") == "Secret":
         return base64.b64decode(source["data"][key]).decode()
@@ -990,8 +989,6 @@ def _agent_pod_annotations(cp: ControlPlane, namespace: str, name: str) -> dict[
 
 
 def _pem(data: dict[str, str], key: str) -> x509.Certificate:
-    import base64
-
     return x509.load_pem_x509_certificate(base64.b64decode(data[key]))
 
 

@@ -17,6 +17,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from rmd_agent.metrics import catalog
+from rmd_agent.server.metrics import GrpcMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "charts/rmd/dashboards/rmd.json"
@@ -147,8 +148,6 @@ def test_promtool_parses_every_query(tmp_path: Path) -> None:
 
 
 def test_catalog_lists_the_grpc_server_metrics() -> None:
-    from rmd_agent.server.metrics import GrpcMetrics
-
     registry = CollectorRegistry()
     GrpcMetrics(registry)
     for family in registry.collect():

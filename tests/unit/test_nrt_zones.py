@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rmd_agent.kubelet.config import KubeletConfig
 from rmd_agent.kubelet.podresources import (
     AllocatableResources,
     ContainerResources,
@@ -408,8 +409,6 @@ def test_exclusions_take_names_globs_and_node_prefixes() -> None:
 
 
 def test_attributes_are_the_kubelet_topology_manager_values_and_sorted() -> None:
-    from rmd_agent.kubelet.config import KubeletConfig
-
     topology = NodeTopology.of(
         (), topology_attributes(KubeletConfig(topology_manager_policy="restricted"), "pfp0v001x", "all")
     )

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from kopf._core.engines import peering
 
 from rmd_operator.backoff import Backoff
 from rmd_operator.cli import kopf_arguments, main, name_user_for_kopf
@@ -89,7 +90,6 @@ def test_kopf_command_line() -> None:
 def test_kopf_identity_needs_no_passwd_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     """kopf's identity looks the uid up in /etc/passwd, which fails for the image's 65532 (seen on a real
     node: KeyError in getpwuid, the operator pod crashed at start)."""
-    from kopf._core.engines import peering
 
     def no_entry(uid: int) -> None:
         raise KeyError(f"getpwuid(): uid not found: {uid}")

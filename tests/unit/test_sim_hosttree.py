@@ -8,9 +8,9 @@ import yaml
 
 from rmd_api.cpuset import parse_cpu_list, parse_cpu_mask
 from rmd_sim.cli import main
-from rmd_sim.hosttree import MAX_ENERGY_RANGE_UJ, rapl_zones, read_tree_spec, write_host_tree
+from rmd_sim.hosttree import MAX_ENERGY_RANGE_UJ, rapl_zones, write_host_tree
 from rmd_sim.resctrl import check_resctrl_tree, format_cpu_mask
-from rmd_sim.spec import NodeSpec
+from rmd_sim.spec import NodeSpec, read_tree_spec
 
 CPU = "sys/devices/system/cpu"
 NODE = "sys/devices/system/node"

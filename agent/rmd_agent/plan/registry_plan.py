@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from rmd_agent.observe.resctrl import ResctrlState
 from rmd_agent.plan.inventory import NodeInventory
 from rmd_agent.plan.resctrl_layout import Layout, Operation, diff, plan_layout
 from rmd_agent.plan.workload import RejectReason, Workload, WorkloadRejected
+
+if TYPE_CHECKING:  # the observed state's type only: plan reads nothing itself
+    from rmd_agent.observe.resctrl import ResctrlState
 
 
 def plan_registry(

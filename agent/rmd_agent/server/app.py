@@ -19,7 +19,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -27,9 +27,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # absent from grpc-stubs
 from prometheus_client import CollectorRegistry, ProcessCollector
 
+from rmd_agent.companions import Companions
 from rmd_agent.engine_api import ManagedEngine
 from rmd_agent.errors import ConfigError
 from rmd_agent.kube import create_api_client
+from rmd_agent.kubelet.podresources import PodResourcesClient, pod_resources_client
 from rmd_agent.server.grpc_service import AgentInterceptor, AgentService
 from rmd_agent.server.http_endpoints import HealthHttpServer
 from rmd_agent.server.metrics import GrpcMetrics
@@ -38,9 +40,6 @@ from rmd_agent.server.tls import server_credentials
 from rmd_agent.settings import AgentSettings, split_host_port
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.agent_certs import MIN_EXPIRATION_SECONDS
-
-if TYPE_CHECKING:
-    from rmd_agent.kubelet.podresources import PodResourcesClient
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ _GRPC_OPTIONS = [
 
 
 # The engine of `serve`, given the agent's one PodResources client (open while the engine runs).
-EngineFactory = Callable[[AgentSettings, "PodResourcesClient"], ManagedEngine]
+EngineFactory = Callable[[AgentSettings, PodResourcesClient], ManagedEngine]
 
 
 def create_default_engine(settings: AgentSettings, pods: PodResourcesClient) -> ManagedEngine:
@@ -252,8 +251,6 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (or `stop` is set)."""
-    from rmd_agent.kubelet.podresources import pod_resources_client
-
     check_serve_settings(settings)
     async with pod_resources_client(settings) as pods:  # shared by the engine, the probe and the NRT export
         await _run(settings, engine_factory(settings, pods), pods, stop or asyncio.Event())
@@ -263,8 +260,6 @@ async def serve(
 async def _run(
     settings: AgentSettings, engine: ManagedEngine, pods: PodResourcesClient, stop: asyncio.Event
 ) -> None:
-    from rmd_agent.companions import Companions
-
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     companions = Companions(settings, engine, registry, pods)
