@@ -104,7 +104,9 @@ class ObjectWriter:
     without, the object is created ownerless and the Node looked for at every sync until it appears.
     `logger` is the caller's, so messages keep their origin."""
 
-    def __init__(self, client: ObjectClient, node: str, *, needs_node: bool, logger: logging.Logger = log):
+    def __init__(
+        self, client: ObjectClient, node: str, *, needs_node: bool, logger: logging.Logger = log
+    ) -> None:
         self.client = client
         self.node = node
         self._needs_node = needs_node
