@@ -1,4 +1,5 @@
-"""The agent's Kubernetes client: one way to build it, and conditional status writes.
+"""The agent's Kubernetes client: one way to build it, and `KubeObjectClient`, the requests of
+kube_object_writer.ObjectWriter.
 
 `create_api_client` loads the in-cluster service account (settings.kubeconfig empty) or a kubeconfig file.
 A proxy is never taken from the environment: the agent talks to its own cluster's API server, and an
@@ -16,8 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from rmd_agent.errors import ConfigError
+from rmd_agent.kube_object_writer import ObjectRef
 from rmd_agent.settings import AgentSettings
 
 REQUEST_TIMEOUT_SECONDS = 10.0
@@ -71,36 +74,62 @@ def merge_patch(current: Any, desired: Any) -> Any:
     return patch
 
 
-async def patch_status_if_changed(
-    objects: client.CustomObjectsApi,
-    current: Mapping[str, Any],
-    desired_status: Mapping[str, Any],
-    *,
-    group: str,
-    version: str,
-    plural: str,
-    field_manager: str | None = None,
-) -> Obj | None:
-    """Write `desired_status` through the status subresource of the namespaced custom object `current`,
-    only if it differs from current's status; returns the object the server answered, None if unchanged.
+class KubeObjectClient:
+    """The ObjectClient of kube_object_writer over the kubernetes client: `ref`, cluster-scoped or namespaced,
+    and Nodes. Writes are by `field_manager` with fieldValidation=Strict: a field the CRD does not know is an
+    error, not silently pruned."""
 
-    The patch carries current's resourceVersion, so the write is conditional on nobody having changed the
-    object since it was read: ApiException 409 then (re-read and retry), 404 if it was deleted."""
-    patch = merge_patch(current.get("status") or {}, desired_status)
-    if not patch:
-        return None
-    metadata = current["metadata"]
-    body = {"metadata": {"resourceVersion": metadata["resourceVersion"]}, "status": patch}
-    result: Obj = await call(
-        objects.patch_namespaced_custom_object_status,
-        group,
-        version,
-        metadata["namespace"],
-        plural,
-        metadata["name"],
-        body,
-        field_manager=field_manager,
-        field_validation="Strict",
-        _content_type=MERGE_PATCH,
-    )
-    return result
+    def __init__(self, api_client: Any, ref: ObjectRef, field_manager: str) -> None:
+        self.ref = ref
+        self._field_manager = field_manager
+        self._objects = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+
+    async def get(self) -> Obj | None:
+        try:
+            found: Obj = await self._request("get_{}_custom_object", self.ref.name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return None
+        return found
+
+    async def create(self, body: Obj) -> Obj:
+        return await self._write("create_{}_custom_object", body)
+
+    async def replace(self, body: Obj) -> Obj:
+        return await self._write("replace_{}_custom_object", self.ref.name, body)
+
+    async def patch(self, body: Obj) -> Obj:
+        return await self._write("patch_{}_custom_object", self.ref.name, body, _content_type=MERGE_PATCH)
+
+    async def patch_status(self, body: Obj) -> Obj:
+        return await self._write(
+            "patch_{}_custom_object_status", self.ref.name, body, _content_type=MERGE_PATCH
+        )
+
+    async def node_uid(self, node: str) -> str | None:
+        try:
+            found = await call(self._core.read_node, node)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return None
+        uid: str = found.metadata.uid
+        return uid
+
+    async def _write(self, method: str, *args: Any, **kwargs: Any) -> Obj:
+        kwargs.update(field_manager=self._field_manager, field_validation="Strict")
+        written: Obj = await self._request(method, *args, **kwargs)
+        return written
+
+    async def _request(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """CustomObjectsApi's `method` ("get_{}_custom_object") in the object's scope, with its address."""
+        ref = self.ref
+        if ref.namespace is None:
+            where: tuple[str, ...] = (ref.group, ref.version, ref.plural)
+            scoped = method.format("cluster")
+        else:
+            where = (ref.group, ref.version, ref.namespace, ref.plural)
+            scoped = method.format("namespaced")
+        return await call(getattr(self._objects, scoped), *where, *args, **kwargs)

@@ -5,12 +5,13 @@ removes it with the Node), written only by this node's agent. spec: node, nodeUi
 the operator dials the gRPC API), capabilities (the probe's findings), conditions (Ready) and workloads, in
 rmd-operator's map format (docs/node-state.md).
 
-The first half of this module is pure: it builds the desired object and status from what the engine says.
-`NodeStateWriter` is the I/O: it creates the object when missing (and again after a deletion), repairs its
-spec and owner, and patches status only when it differs from what the API server last returned, with the
-resourceVersion read as a precondition. A refresh that changes nothing costs no request; every
-node_state_resync_seconds it re-reads the object and the Node instead of trusting memory. At shutdown the
-object stays, with Ready=False: the operator must still see which workloads this node holds.
+The first half of this module is pure: it builds the desired object and status from what the engine says,
+and the writes (repair of spec and owner, status patch) an object needs to match. `NodeStateWriter` asks the
+engine and hands these to kube_object_writer.ObjectWriter, which creates the object when missing (and again
+after a deletion; only while the Node exists) and writes only what differs from what the API server last
+returned, with the resourceVersion read as a precondition. A refresh that changes nothing costs no request;
+every node_state_resync_seconds it re-reads the object and the Node instead of trusting memory. At shutdown
+the object stays, with Ready=False: the operator must still see which workloads this node holds.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rmd_agent.engine_api import AppliedWorkload, Engine
 from rmd_agent.errors import ConfigError
-from rmd_agent.kube import MERGE_PATCH, call, patch_status_if_changed
+from rmd_agent.kube import KubeObjectClient, merge_patch
+from rmd_agent.kube_object_writer import ABSENT, Change, Desire, ObjectRef, ObjectWriter, node_owner_reference
 from rmd_agent.settings import AgentSettings, split_host_port
 from rmd_api.cpuset import format_cpu_list
 
@@ -229,12 +230,6 @@ def desired_status(
 # -- object --------------------------------------------------------------------------------------------------
 
 
-def owner_reference(node_name: str, node_uid: str) -> Obj:
-    """A reference to the Node (a cluster-scoped owner of a namespaced object is allowed). No
-    blockOwnerDeletion: setting it needs update on nodes/finalizers, which the agent has no use for."""
-    return {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
-
-
 def desired_object(node_name: str, namespace: str, node_uid: str) -> Obj:
     """The object as created, always owned by its Node, so that it never outlives the Node. Status is
     written separately: the API server ignores it on create."""
@@ -245,7 +240,7 @@ def desired_object(node_name: str, namespace: str, node_uid: str) -> Obj:
             "name": node_state_name(node_name),
             "namespace": namespace,
             "labels": dict(MANAGED_BY),
-            "ownerReferences": [owner_reference(node_name, node_uid)],
+            "ownerReferences": [node_owner_reference(node_name, node_uid)],
         },
         "spec": {"node": node_name, "nodeUid": node_uid},
     }
@@ -256,7 +251,7 @@ def repair_patch(current: Mapping[str, Any], node_name: str, node_uid: str) -> O
     has them. A reference to another Node uid (the Node was re-created) is replaced; other owners stay."""
     metadata = current.get("metadata") or {}
     refs = [r for r in metadata.get("ownerReferences") or () if isinstance(r, Mapping)]
-    ours = owner_reference(node_name, node_uid)
+    ours = node_owner_reference(node_name, node_uid)
     has_ours = any(all(r.get(k) == v for k, v in ours.items()) for r in refs)
     stale = any(r.get("kind") == "Node" and r.get("uid") != node_uid for r in refs)
     patch: Obj = {}
@@ -267,13 +262,43 @@ def repair_patch(current: Mapping[str, Any], node_name: str, node_uid: str) -> O
     return patch
 
 
+def repair_change(current: Mapping[str, Any], node_name: str, node_uid: str | None) -> Change | None:
+    """The patch of owner and spec.nodeUid, when they are not this Node's (uid None: the Node is unknown)."""
+    if node_uid is None:
+        return None
+    patch = repair_patch(current, node_name, node_uid)
+    if not patch:
+        return None
+    name = current["metadata"]["name"]
+    return Change("patch", patch, f"{KIND} {name}: owner and spec.nodeUid set to Node uid {node_uid}")
+
+
+def status_change(current: Mapping[str, Any], status: Obj) -> Change | None:
+    """The status patch turning current's status into `status`; None when they are equal."""
+    patch = merge_patch(current.get("status") or {}, status)
+    if not patch:
+        return None
+    name = current["metadata"]["name"]
+    before, after = _ready_of(current), _ready_of({"status": status})
+    if before == after:
+        return Change("patch_status", {"status": patch}, f"{KIND} {name} status updated", logging.DEBUG)
+    return Change("patch_status", {"status": patch}, f"{KIND} {name}: Ready {after[0]} ({after[1]})")
+
+
+def _ready_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if isinstance(condition, Mapping) and condition.get("type") == READY:
+            return str(condition.get("status")), str(condition.get("reason"))
+    return "Unknown", ""
+
+
 # -- writer --------------------------------------------------------------------------------------------------
 
 ENGINE_POLL_SECONDS = 5.0  # re-asks the engine this often; costs no API request unless something changed
 ENGINE_TIMEOUT_SECONDS = 10.0
 FINAL_WRITE_SECONDS = 10.0  # at most this long at shutdown for the Ready=False write
-_ATTEMPTS = 3
 _T = TypeVar("_T")
+Observation = tuple[Readiness, Mapping[str, tuple[bool, str]] | None, Sequence[AppliedWorkload] | None]
 
 
 def _utcnow() -> datetime:
@@ -316,16 +341,19 @@ class NodeStateWriter:
         self._clock = clock
         self._wake = asyncio.Event()
         self._stopping = False
-        self._objects: client.CustomObjectsApi | None = None
-        self._core: client.CoreV1Api | None = None
-        self._current: Obj | None = None  # the object as the API server last returned it
-        self._known = False  # whether _current reflects the server (None then means "absent")
-        self._node_uid: str | None = None
-        self._node_missing = False  # warned that the Node does not exist
+        self._object: ObjectWriter | None = None  # made by run(), with the API client
         self.syncs = 0  # completed refreshes, for tests and metrics
         self.failures = 0
-        self.writes = 0  # creates and patches
-        self.conflicts = 0  # writes refused because the object changed or vanished since it was read
+
+    @property
+    def writes(self) -> int:
+        """Creates and patches."""
+        return self._object.writes if self._object else 0
+
+    @property
+    def conflicts(self) -> int:
+        """Writes refused because the object changed or vanished since it was read."""
+        return self._object.conflicts if self._object else 0
 
     def notify(self, reason: str = "changed") -> None:
         """Refresh soon, e.g. after a workload was applied or removed."""
@@ -340,7 +368,7 @@ class NodeStateWriter:
     @property
     def current(self) -> Obj | None:
         """The object as the API server last returned it (None when absent or not read yet)."""
-        return self._current
+        return self._object.current if self._object else None
 
     async def run(self) -> None:
         """Publish until stop() or cancellation; errors of one refresh are logged and retried, not raised.
@@ -353,13 +381,14 @@ class NodeStateWriter:
             )
         api_client = await asyncio.to_thread(self._factory)
         try:
-            self._objects = client.CustomObjectsApi(api_client)
-            self._core = client.CoreV1Api(api_client)
+            ref = ObjectRef(GROUP, VERSION, PLURAL, KIND, self.name, self.namespace)
+            kube = KubeObjectClient(api_client, ref, FIELD_MANAGER)
+            self._object = ObjectWriter(kube, self.settings.node_name, needs_node=True, logger=log)
             try:
-                await self._loop()
+                await self._loop(self._object)
             finally:
                 try:
-                    await asyncio.wait_for(self._final_write(), FINAL_WRITE_SECONDS)
+                    await asyncio.wait_for(self._final_write(self._object), FINAL_WRITE_SECONDS)
                 except Exception as exc:  # shutdown goes on: the object is stale, not wrong
                     log.warning("could not mark RmdNodeState %s not ready at shutdown: %s", self.name, exc)
         finally:
@@ -367,7 +396,7 @@ class NodeStateWriter:
             if close is not None:
                 await asyncio.to_thread(close)
 
-    async def _loop(self) -> None:
+    async def _loop(self, writer: ObjectWriter) -> None:
         resync = self.settings.node_state_resync_seconds
         next_verify = time.monotonic()  # the first refresh reads the object and the Node
         backoff = 0.0
@@ -375,10 +404,11 @@ class NodeStateWriter:
             self._wake.clear()
             verify = time.monotonic() >= next_verify
             try:
-                await self._sync(verify=verify)
+                observed = await self._observe()
+                # Owner and spec first: the status patch then carries the resourceVersion they left.
+                await writer.sync(self._build, [self._repair, self._status(observed)], verify=verify)
             except Exception as exc:
                 self.failures += 1
-                self._known = False  # read everything again next time
                 backoff = min(max(1.0, backoff * 2), resync)
                 if isinstance(exc, ApiException):
                     log.warning("RmdNodeState %s: API error %s %s", self.name, exc.status, exc.reason)
@@ -393,7 +423,39 @@ class NodeStateWriter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
-    # -- one refresh
+    async def _final_write(self, writer: ObjectWriter) -> None:
+        """Ready=False with the workloads the node still holds; never creates the object."""
+        workloads = await self._ask("list()", self.engine.list)
+        listed = None if isinstance(workloads, Exception) else workloads
+        if await writer.sync(None, [self._status((stopped_readiness(), None, listed))]) != ABSENT:
+            log.info("RmdNodeState %s marked not ready (agent stopped)", self.name)
+
+    # -- what to write
+
+    def _build(self, node_uid: str | None) -> Obj:
+        assert node_uid is not None, "created only while the Node exists (needs_node)"
+        return desired_object(self.settings.node_name, self.namespace, node_uid)
+
+    def _repair(self, current: Obj, node_uid: str | None) -> Change | None:
+        return repair_change(current, self.settings.node_name, node_uid)
+
+    def _status(self, observed: Observation) -> Desire:
+        readiness, capabilities, workloads = observed
+
+        def change(current: Obj, _: str | None) -> Change | None:
+            desired = desired_status(
+                endpoint=self.endpoint,
+                readiness=readiness,
+                capabilities=capabilities,
+                workloads=workloads,
+                previous=current.get("status") or {},
+                now=self._clock(),
+            )
+            return status_change(current, desired)
+
+        return change
+
+    # -- the engine
 
     async def _ask(self, what: str, call_engine: Callable[[], Awaitable[_T]]) -> _T | Exception:
         try:
@@ -403,9 +465,7 @@ class NodeStateWriter:
         except Exception as exc:
             return exc
 
-    async def _observe(
-        self,
-    ) -> tuple[Readiness, Mapping[str, tuple[bool, str]] | None, list[AppliedWorkload] | None]:
+    async def _observe(self) -> Observation:
         ready = await self._ask("ready()", self.engine.ready)
         if isinstance(ready, Exception):
             readiness = Readiness(False, ENGINE_UNAVAILABLE, str(ready) or type(ready).__name__)
@@ -419,187 +479,3 @@ class NodeStateWriter:
         capabilities = None if isinstance(node, Exception) else node.capabilities
         workloads = None if isinstance(listed, Exception) else listed
         return readiness, capabilities, workloads
-
-    async def _sync(self, *, verify: bool) -> None:
-        readiness, capabilities, workloads = await self._observe()
-        node_read = verify or not self._known
-        if node_read:
-            self._node_uid = await self._read_node_uid()
-            await self._refresh_current()
-        for _ in range(_ATTEMPTS):
-            if self._current is None:
-                if not node_read:
-                    if self._node_missing:
-                        return  # look for the Node again at the next resync, not every engine poll
-                    # The object vanished: perhaps with its Node (garbage collection), or the Node was
-                    # re-created with a new uid. Read it again before creating.
-                    self._node_uid = await self._read_node_uid()
-                    node_read = True
-                if self._node_uid is None:
-                    return  # no Node, no object: one without an owner would outlive the Node
-                if not await self._create(self._node_uid):
-                    continue  # it appeared meanwhile: compare with it
-            if self._node_uid is not None and not await self._repair(self._node_uid):
-                continue
-            if await self._write_status(readiness, capabilities, workloads):
-                return
-        raise ApiException(status=409, reason=f"RmdNodeState {self.name} keeps changing")
-
-    async def _final_write(self) -> None:
-        """Ready=False with the workloads the node still holds; never creates the object."""
-        if self._objects is None:
-            return
-        workloads = await self._ask("list()", self.engine.list)
-        listed = None if isinstance(workloads, Exception) else workloads
-        if not self._known:
-            await self._refresh_current()
-        for _ in range(_ATTEMPTS):
-            if self._current is None:
-                return
-            if await self._write_status(stopped_readiness(), None, listed):
-                log.info("RmdNodeState %s marked not ready (agent stopped)", self.name)
-                return
-
-    # -- API calls
-
-    @property
-    def _api(self) -> client.CustomObjectsApi:
-        assert self._objects is not None, "run() makes the API clients"
-        return self._objects
-
-    async def _read_node_uid(self) -> str | None:
-        assert self._core is not None
-        try:
-            node = await call(self._core.read_node, self.settings.node_name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            if not self._node_missing:
-                log.warning(
-                    "Node %s not found: RmdNodeState %s is not created until it exists",
-                    self.settings.node_name,
-                    self.name,
-                )
-            self._node_missing = True
-            return None
-        self._node_missing = False
-        uid: str = node.metadata.uid
-        return uid
-
-    async def _refresh_current(self) -> None:
-        try:
-            self._current = await call(
-                self._api.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, self.name
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            self._current = None
-        self._known = True
-
-    async def _create(self, node_uid: str) -> bool:
-        """True when created; False when it already existed (then _current holds it)."""
-        body = desired_object(self.settings.node_name, self.namespace, node_uid)
-        try:
-            self._current = await call(
-                self._api.create_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                PLURAL,
-                body,
-                field_manager=FIELD_MANAGER,
-                field_validation="Strict",
-            )
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            await self._refresh_current()
-            return False
-        self.writes += 1
-        log.info("RmdNodeState %s/%s created", self.namespace, self.name)
-        return True
-
-    async def _conflict_or_gone(self, exc: ApiException) -> None:
-        if exc.status in (404, 409):
-            self.conflicts += 1
-        if exc.status == 404:
-            self._current = None
-        elif exc.status == 409:
-            await self._refresh_current()
-        else:
-            raise exc
-
-    async def _repair(self, node_uid: str) -> bool:
-        """Owner and spec.nodeUid put right; False when the object changed or vanished meanwhile."""
-        assert self._current is not None
-        patch = repair_patch(self._current, self.settings.node_name, node_uid)
-        if not patch:
-            return True
-        patch.setdefault("metadata", {})["resourceVersion"] = self._current["metadata"]["resourceVersion"]
-        try:
-            self._current = await call(
-                self._api.patch_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                PLURAL,
-                self.name,
-                patch,
-                field_manager=FIELD_MANAGER,
-                field_validation="Strict",
-                _content_type=MERGE_PATCH,
-            )
-        except ApiException as exc:
-            await self._conflict_or_gone(exc)
-            return False
-        self.writes += 1
-        log.info("RmdNodeState %s: owner and spec.nodeUid set to Node uid %s", self.name, node_uid)
-        return True
-
-    async def _write_status(
-        self,
-        readiness: Readiness,
-        capabilities: Mapping[str, tuple[bool, str]] | None,
-        workloads: Sequence[AppliedWorkload] | None,
-    ) -> bool:
-        """True when the status is as desired (written or already so); False on a conflict or deletion."""
-        assert self._current is not None
-        status = desired_status(
-            endpoint=self.endpoint,
-            readiness=readiness,
-            capabilities=capabilities,
-            workloads=workloads,
-            previous=self._current.get("status") or {},
-            now=self._clock(),
-        )
-        try:
-            written = await patch_status_if_changed(
-                self._api,
-                self._current,
-                status,
-                group=GROUP,
-                version=VERSION,
-                plural=PLURAL,
-                field_manager=FIELD_MANAGER,
-            )
-        except ApiException as exc:
-            await self._conflict_or_gone(exc)
-            return False
-        if written is not None:
-            before = _ready_of(self._current)
-            self._current = written
-            self.writes += 1
-            after = _ready_of(written)
-            if before != after:
-                log.info("RmdNodeState %s: Ready %s (%s)", self.name, after[0], after[1])
-            else:
-                log.debug("RmdNodeState %s status updated", self.name)
-        return True
-
-
-def _ready_of(obj: Mapping[str, Any]) -> tuple[str, str]:
-    for condition in (obj.get("status") or {}).get("conditions") or ():
-        if isinstance(condition, Mapping) and condition.get("type") == READY:
-            return str(condition.get("status")), str(condition.get("reason"))
-    return "Unknown", ""

@@ -4,6 +4,7 @@ Core IDs comma-joined, P-State Ratio printed with Go's %f."""
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,7 +31,9 @@ from rmd_agent.node_state import (
     format_endpoint,
     node_state_name,
     ready_condition,
+    repair_change,
     repair_patch,
+    status_change,
     stopped_readiness,
     workload_entry,
     workloads_map,
@@ -341,6 +344,32 @@ def test_repair_replaces_a_stale_node_owner_and_keeps_others() -> None:
     refs = repair_patch(current, "n", "new")["metadata"]["ownerReferences"]
     assert other in refs
     assert [r["uid"] for r in refs if r["kind"] == "Node"] == ["new"]
+
+
+def test_repair_change_only_for_a_known_node_and_a_wrong_object() -> None:
+    current = desired_object("n", "ns", "old")
+    assert repair_change(current, "n", None) is None  # the Node is unknown: nothing to set
+    assert repair_change(current, "n", "old") is None
+    change = repair_change(current, "n", "new")
+    assert change is not None and change.verb == "patch"
+    assert change.body == repair_patch(current, "n", "new")
+    assert change.message == "RmdNodeState rmd-node-state-n: owner and spec.nodeUid set to Node uid new"
+
+
+def test_status_change_is_a_merge_patch_of_what_differs() -> None:
+    current = {**desired_object("n", "ns", "u"), "status": status()}
+    assert status_change(current, status()) is None
+    change = status_change(current, status(workloads=[]))
+    assert change is not None and change.verb == "patch_status"
+    assert change.body == {"status": {"workloads": {"wl": None}}}
+    assert change.level == logging.DEBUG  # Ready did not move
+
+
+def test_status_change_reports_a_ready_transition() -> None:
+    current = {**desired_object("n", "ns", "u"), "status": status()}
+    change = status_change(current, status(readiness=engine_readiness(False, "resctrl not mounted")))
+    assert change is not None and change.level == logging.INFO
+    assert change.message == "RmdNodeState rmd-node-state-n: Ready False (EngineNotReady)"
 
 
 # -- settings ------------------------------------------------------------------------------------------------
