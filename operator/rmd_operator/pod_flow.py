@@ -45,10 +45,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rmd_api.agent.v1 import agent_pb2
+from rmd_api.names import RMD_WORKLOAD
 from rmd_operator import pods
 from rmd_operator.agent_client import CallFailure
 from rmd_operator.errors import OperatorError
-from rmd_operator.kube import GROUP, VERSION, WORKLOADS, KubeError, load_configuration
+from rmd_operator.kube import KubeError, load_configuration
 from rmd_operator.settings import OperatorSettings
 from rmd_operator.status import FAILED, SUCCESSFUL, EventText
 from rmd_operator.targets import NodeAgent
@@ -160,10 +161,10 @@ class PodObjectsApi:
         return await self._call(
             f"read RmdWorkload {namespace}/{name}",
             self._objects.get_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            RMD_WORKLOAD.group,
+            RMD_WORKLOAD.version,
             namespace,
-            WORKLOADS,
+            RMD_WORKLOAD.plural,
             name,
         )
 
@@ -172,10 +173,10 @@ class PodObjectsApi:
         return await self._call(
             f"create RmdWorkload {meta['namespace']}/{meta['name']}",
             self._objects.create_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            RMD_WORKLOAD.group,
+            RMD_WORKLOAD.version,
             meta["namespace"],
-            WORKLOADS,
+            RMD_WORKLOAD.plural,
             dict(body),
         )
 
@@ -183,10 +184,10 @@ class PodObjectsApi:
         return await self._call(
             f"update RmdWorkload {namespace}/{name}",
             self._objects.patch_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            RMD_WORKLOAD.group,
+            RMD_WORKLOAD.version,
             namespace,
-            WORKLOADS,
+            RMD_WORKLOAD.plural,
             name,
             dict(patch),
             _content_type="application/merge-patch+json",
@@ -196,10 +197,10 @@ class PodObjectsApi:
         await self._call(
             f"delete RmdWorkload {namespace}/{name}",
             self._objects.delete_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            RMD_WORKLOAD.group,
+            RMD_WORKLOAD.version,
             namespace,
-            WORKLOADS,
+            RMD_WORKLOAD.plural,
             name,
             body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
         )

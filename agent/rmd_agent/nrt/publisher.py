@@ -23,13 +23,14 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rmd_agent.nrt.zones import API_VERSION, KIND, NodeTopology
+from rmd_agent.nrt.zones import NodeTopology
+from rmd_api.names import NODE_RESOURCE_TOPOLOGY as NRT
 
 log = logging.getLogger(__name__)
 
-GROUP = "topology.node.k8s.io"
-VERSION = "v1alpha2"
-PLURAL = "noderesourcetopologies"
+# The object's API names (rmd_api.names), as the client calls below take them.
+GROUP, VERSION, PLURAL = NRT.group, NRT.version, NRT.plural
+API_VERSION, KIND = NRT.api_version, NRT.kind
 FIELD_MANAGER = "rmd-agent"
 REQUEST_TIMEOUT_SECONDS = 10.0
 _CONFLICT_RETRIES = 3
