@@ -68,14 +68,13 @@ def _workloads(cpus_by_socket: list[list[int]]) -> list[Any]:
     for i in range(WORKLOADS):
         socket = i % 2
         cpus = [free[socket].pop(), free[socket].pop()]
-        spec: dict[str, Any] = {"coreIds": [",".join(map(str, sorted(cpus)))]}
         if i < 6:
-            spec["rdt"] = {"cache": {"max": 2, "min": 2}, "mba": {"percentage": 50}}
+            ask: dict[str, Any] = {"cache_max": 2, "cache_min": 2, "mba_percentage": 50}
         elif i < 10:
-            spec["rdt"] = {"cache": {"max": 3, "min": 1}}
+            ask = {"cache_max": 3, "cache_min": 1}
         else:
-            spec["rdt"] = {"cache": {"max": 0, "min": 0}}
-        out.append(Workload.from_spec("bench", f"w{i:03d}", spec))
+            ask = {"cache_max": 0, "cache_min": 0}
+        out.append(Workload("bench", f"w{i:03d}", core_ids=frozenset(cpus), **ask))
     return out
 
 

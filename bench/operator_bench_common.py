@@ -28,10 +28,11 @@ import kubernetes
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
+from rmd_api.names import RMD_WORKLOAD
 from rmd_sim.cluster import SimCluster
 from rmd_sim.resctrl_fuse import is_mounted, unmount
 
-GROUP, VERSION, WORKLOADS = "intel.com", "v1alpha1", "rmdworkloads"
+GROUP, VERSION, WORKLOADS = RMD_WORKLOAD.group, RMD_WORKLOAD.version, RMD_WORKLOAD.plural
 STOP_TIMEOUT = 120.0  # a clean stop of 20 nodes takes seconds; past this, processes are killed
 Obj = dict[str, Any]
 _T = TypeVar("_T")

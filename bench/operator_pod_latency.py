@@ -50,12 +50,12 @@ from operator_bench_common import (
 
 from rmd_agent.plan.resctrl_layout import group_name
 from rmd_api.cpuset import parse_cpu_list
+from rmd_api.names import CACHE_WAYS_RESOURCE as CACHE_WAYS
 from rmd_sim.cluster import SimCluster
 
 TARGET_P99_S = 1.0
 NAMESPACE = "bench-pods"
 CONTAINER = "app"
-CACHE_WAYS = "intel.com/l3_cache_ways"
 POLL_S = 0.005
 WAIT_LIMIT = 120.0
 

@@ -35,23 +35,23 @@ from rmd_agent.kube import KubeObjectClient, merge_patch
 from rmd_agent.kube_object_writer import ABSENT, Change, Desire, ObjectRef, ObjectWriter, node_owner_reference
 from rmd_agent.settings import AgentSettings, split_host_port
 from rmd_api.cpuset import format_cpu_list
+from rmd_api.names import RMD_NODE_STATE
+from rmd_api.node_state import (
+    AGENT_READY,
+    AGENT_STOPPED,
+    ENGINE_NOT_READY,
+    ENGINE_UNAVAILABLE,
+    READY,
+    node_state_name,
+)
 
 log = logging.getLogger(__name__)
 
-GROUP = "intel.com"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "RmdNodeState"
-PLURAL = "rmdnodestates"
-NAME_PREFIX = "rmd-node-state-"
+# The object's API names (rmd_api.names), as the client calls below take them.
+GROUP, VERSION, PLURAL = RMD_NODE_STATE.group, RMD_NODE_STATE.version, RMD_NODE_STATE.plural
+API_VERSION, KIND = RMD_NODE_STATE.api_version, RMD_NODE_STATE.kind
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rmd-agent"}
 FIELD_MANAGER = "rmd-agent"
-
-READY = "Ready"
-AGENT_READY = "AgentReady"  # reasons of the Ready condition
-ENGINE_NOT_READY = "EngineNotReady"
-ENGINE_UNAVAILABLE = "EngineUnavailable"
-AGENT_STOPPED = "AgentStopped"
 
 ORIGIN = "gRPC"  # the "Origin" of every workload: the API it came through (RMD said "REST")
 MAX_CAPABILITIES = 64  # the CRD's maxProperties
@@ -63,10 +63,6 @@ _ENDPOINT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0
 _WILDCARDS = frozenset({"0.0.0.0", "::"})
 
 Obj = dict[str, Any]
-
-
-def node_state_name(node: str) -> str:
-    return NAME_PREFIX + node
 
 
 # -- endpoint ------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """What this node supports, and for each thing it does not, why. Used by `rmd-agent probe`, and by the
-agent to report its capabilities in RmdNodeState so the operator targets only capable nodes."""
+agent to report its capabilities in RmdNodeState so the operator targets only capable nodes; the feature
+names are that object's capability keys (rmd_api.node_state)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,20 @@ from rmd_agent.observe.numa import read_numa_nodes
 from rmd_agent.observe.rapl import read_rapl_zones
 from rmd_agent.observe.resctrl import read_resctrl
 from rmd_agent.settings import AgentSettings
+from rmd_api.node_state import (
+    CGROUP,
+    CPU_MANAGER_POLICY,
+    CPUFREQ,
+    L3_CACHE,
+    MBA,
+    NUMA,
+    POD_RESOURCES,
+    POD_RESOURCES_GET,
+    RAPL,
+    RDT_L3_CAT,
+    RESCTRL_MOUNTED,
+    TOPOLOGY_MANAGER_POLICY,
+)
 
 
 @dataclass(frozen=True)
@@ -54,35 +69,35 @@ def _missing(feature: str, why: Unsupported | str) -> Finding:
 def _probe_rdt(fs: HostFS) -> list[Finding]:
     state = read_resctrl(fs)
     if isinstance(state, Unsupported):
-        return [_missing(name, state) for name in ("resctrlMounted", "rdtL3Cat", "mba")]
+        return [_missing(name, state) for name in (RESCTRL_MOUNTED, RDT_L3_CAT, MBA)]
     findings = [
         _found(
-            "resctrlMounted",
+            RESCTRL_MOUNTED,
             "/sys/fs/resctrl"
             + (f" ({','.join(sorted(state.mount_options))})" if state.mount_options else ""),
         )
     ]
     if isinstance(state.l3, Unsupported):
-        findings.append(_missing("rdtL3Cat", state.l3))
+        findings.append(_missing(RDT_L3_CAT, state.l3))
     else:
         domains = sorted(state.root.schemata.get("L3DATA" if state.l3.cdp else "L3", {}))
         findings.append(
             _found(
-                "rdtL3Cat",
+                RDT_L3_CAT,
                 f"{state.l3.ways} ways (cbm_mask {state.l3.cbm_mask:x}, min_cbm_bits "
                 f"{state.l3.min_cbm_bits}), {state.num_closids} CLOSIDs, cache ids "
                 f"{','.join(map(str, domains))}" + (", CDP on" if state.l3.cdp else ""),
             )
         )
     if isinstance(state.mba, Unsupported):
-        findings.append(_missing("mba", state.mba))
+        findings.append(_missing(MBA, state.mba))
     else:
         unit = (
             "MBps (software controller)"
             if state.mba.mbps
             else (f"percent, min {state.mba.min_bandwidth}, step {state.mba.bandwidth_gran}")
         )
-        findings.append(_found("mba", unit))
+        findings.append(_found(MBA, unit))
     return findings
 
 
@@ -90,67 +105,64 @@ def _probe_hardware(fs: HostFS) -> list[Finding]:
     findings = []
     numa = read_numa_nodes(fs)
     findings.append(
-        _missing("numa", numa)
+        _missing(NUMA, numa)
         if isinstance(numa, Unsupported)
-        else _found("numa", f"{len(numa)} NUMA node(s), {sum(len(n.cpus) for n in numa)} CPUs")
+        else _found(NUMA, f"{len(numa)} NUMA node(s), {sum(len(n.cpus) for n in numa)} CPUs")
     )
     caches = read_l3_caches(fs)
     findings.append(
-        _missing("l3Cache", caches)
+        _missing(L3_CACHE, caches)
         if isinstance(caches, Unsupported)
-        else _found("l3Cache", f"{len(caches)} L3 cache(s) of {caches[0].ways} ways")
+        else _found(L3_CACHE, f"{len(caches)} L3 cache(s) of {caches[0].ways} ways")
     )
     zones = read_rapl_zones(fs)
     findings.append(
-        _missing("rapl", zones)
+        _missing(RAPL, zones)
         if isinstance(zones, Unsupported)
-        else _found("rapl", f"{len(zones)} zones: " + ", ".join(z.name for z in zones))
+        else _found(RAPL, f"{len(zones)} zones: " + ", ".join(z.name for z in zones))
     )
     freq = read_cpufreq(fs)
     if isinstance(freq, Unsupported):
-        findings.append(_missing("cpufreq", freq))
+        findings.append(_missing(CPUFREQ, freq))
     else:
         low, high = min(f.cpuinfo_min_khz for f in freq), max(f.cpuinfo_max_khz for f in freq)
-        findings.append(_found("cpufreq", f"{freq[0].driver}, {low // 1000}-{high // 1000} MHz"))
+        findings.append(_found(CPUFREQ, f"{freq[0].driver}, {low // 1000}-{high // 1000} MHz"))
     cgroups = read_cgroups(fs)
     if isinstance(cgroups, Unsupported):
-        findings.append(_missing("cgroup", cgroups))
+        findings.append(_missing(CGROUP, cgroups))
     else:
         driver = f"driver {cgroups.driver}" if isinstance(cgroups.driver, str) else cgroups.driver.reason
-        findings.append(_found("cgroup", f"v{cgroups.version}, {driver}"))
+        findings.append(_found(CGROUP, f"v{cgroups.version}, {driver}"))
     return findings
 
 
 def _probe_kubelet_config(fs: HostFS, settings: AgentSettings) -> list[Finding]:
     config = read_kubelet_config(fs, settings.kubelet_config)
     if isinstance(config, Unsupported):
-        return [_missing("cpuManagerPolicy", config), _missing("topologyManagerPolicy", config)]
+        return [_missing(CPU_MANAGER_POLICY, config), _missing(TOPOLOGY_MANAGER_POLICY, config)]
     cpu = (
-        _found("cpuManagerPolicy", "static")
+        _found(CPU_MANAGER_POLICY, "static")
         if config.cpu_manager_policy == "static"
         else _missing(
-            "cpuManagerPolicy",
+            CPU_MANAGER_POLICY,
             f"cpuManagerPolicy is {config.cpu_manager_policy!r}: pods get no exclusive "
             "CPUs, so cache can only be allocated to explicit core lists",
         )
     )
     topo = _found(
-        "topologyManagerPolicy", f"{config.topology_manager_policy} (scope {config.topology_manager_scope})"
+        TOPOLOGY_MANAGER_POLICY, f"{config.topology_manager_policy} (scope {config.topology_manager_scope})"
     )
     return [cpu, topo]
-
-
-POD_LOOKUP = "podResourcesGet"
 
 
 def pod_lookup_finding(api: LookupApi) -> Finding:
     """The `podResourcesGet` finding: which PodResources API pod lookups (GetContainerCpus) use."""
     if api.get is None:
-        return _missing(POD_LOOKUP, "not known yet: the kubelet has not answered a Get")
+        return _missing(POD_RESOURCES_GET, "not known yet: the kubelet has not answered a Get")
     if api.get:
-        return _found(POD_LOOKUP, "pod lookups use Get")
+        return _found(POD_RESOURCES_GET, "pod lookups use Get")
     return _missing(
-        POD_LOOKUP,
+        POD_RESOURCES_GET,
         f"pod lookups use {api.describe()}: the kubelet feature gate KubeletPodResourcesGet is off (on by "
         "default from Kubernetes 1.34), or the kubelet predates Get (1.27); List works too, it answers with "
         "every pod",
@@ -164,7 +176,7 @@ async def _probe_pod_resources(settings: AgentSettings, lookup: PodLookup | None
             f"{socket} does not exist (no kubelet on this node, or its pod-resources directory is not "
             "mounted)"
         )
-        return [_missing("podResources", why), _missing(POD_LOOKUP, f"not checked: {why}")]
+        return [_missing(POD_RESOURCES, why), _missing(POD_RESOURCES_GET, f"not checked: {why}")]
     if lookup is not None:  # the running agent's, over its one PodResources client
         return await _probe_listing(socket, lookup.client, lookup)
     async with pod_resources_client(settings) as client:
@@ -175,8 +187,8 @@ async def _probe_listing(socket: Path, client: PodResourcesClient, lookup: PodLo
     try:
         pods = await client.list()
     except AgentError as exc:
-        return [_missing("podResources", str(exc)), _missing(POD_LOOKUP, f"not checked: {exc}")]
-    listed = _found("podResources", f"{socket}: {len(pods)} pod(s) listed")
+        return [_missing(POD_RESOURCES, str(exc)), _missing(POD_RESOURCES_GET, f"not checked: {exc}")]
+    listed = _found(POD_RESOURCES, f"{socket}: {len(pods)} pod(s) listed")
     return [listed, await _probe_get(client, lookup, pods)]
 
 
@@ -189,7 +201,7 @@ async def _probe_get(
     try:
         api = await (lookup or PodLookup(client)).check(pods)
     except AgentError as exc:
-        return _missing(POD_LOOKUP, f"not checked: {exc}")
+        return _missing(POD_RESOURCES_GET, f"not checked: {exc}")
     return pod_lookup_finding(api)
 
 

@@ -21,6 +21,8 @@ import yaml
 
 from rmd_agent.errors import ConfigError
 from rmd_agent.plan.policy import PolicyBook, parse_policies
+from rmd_api.agent_certs import SIGNER_NAME
+from rmd_api.names import CACHE_WAYS_RESOURCE
 from rmd_api.settings_layers import as_plain_dict, dump, layered_values
 
 LOG_FORMATS = ("text", "json")
@@ -72,7 +74,7 @@ class AgentSettings:
         default=False,
         metadata={
             "help": "obtain and renew tls_cert/tls_key through the Kubernetes CSR API (signer "
-            "intel.com/rmd-agent-serving, signed by the operator) instead of reading given files"
+            f"{SIGNER_NAME}, signed by the operator) instead of reading given files"
         },
     )
     tls_server_name: str = field(
@@ -158,7 +160,7 @@ class AgentSettings:
     device_plugin_enabled: bool = field(
         default=True,
         metadata={
-            "help": "advertise the guaranteed pool's cache ways to the kubelet as intel.com/l3_cache_ways"
+            "help": f"advertise the guaranteed pool's cache ways to the kubelet as {CACHE_WAYS_RESOURCE}"
         },
     )
     # -- kubernetes (RmdNodeState; docs/node-state.md) --

@@ -35,12 +35,13 @@ from typing import Any, TypeVar
 import kopf
 
 from rmd_api.agent_certs import SIGNER_NAME
+from rmd_api.names import RMD_NODE_STATE, RMD_WORKLOAD
 from rmd_operator.agent_certs import needs_action
 from rmd_operator.agent_client import AgentClients, close_quietly
 from rmd_operator.csr_signer import AgentCertificateSigner
 from rmd_operator.errors import ConfigError, RetryLater
 from rmd_operator.events import EventPoster
-from rmd_operator.kube import GROUP, NODE_STATES, VERSION, WORKLOADS, StatusWriter
+from rmd_operator.kube import StatusWriter
 from rmd_operator.pod_flow import PodFlow
 from rmd_operator.pod_objects import PodObjectsApi
 from rmd_operator.pod_watch import BOUND, PodWatch, wanted
@@ -56,6 +57,9 @@ SETTINGS = active()
 FINALIZER = "intel.com/rmd-operator"
 ANNOTATION_PREFIX = "rmd-operator.intel.com"
 CSR_GROUP = "certificates.k8s.io"
+# kopf's (group, version, plural) of the resources handled here.
+WORKLOADS = (RMD_WORKLOAD.group, RMD_WORKLOAD.version, RMD_WORKLOAD.plural)
+NODE_STATES = (RMD_NODE_STATE.group, RMD_NODE_STATE.version, RMD_NODE_STATE.plural)
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
@@ -217,13 +221,13 @@ async def node_labels(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dic
     return {name: dict(labels)}
 
 
-@kopf.index(GROUP, VERSION, NODE_STATES, when=node_state_in_scope)
+@kopf.index(*NODE_STATES, when=node_state_in_scope)
 async def node_agents(body: kopf.Body, **_: Any) -> dict[str, NodeAgent]:
     agent = node_agent(body)
     return {agent.node: agent} if agent is not None else {}
 
 
-@kopf.index(GROUP, VERSION, WORKLOADS, when=workload_in_scope)
+@kopf.index(*WORKLOADS, when=workload_in_scope)
 async def workload_uids(namespace: str | None, name: str, uid: str, **_: Any) -> dict[tuple[str, str], str]:
     return {(namespace or "", name): uid}
 
@@ -237,7 +241,7 @@ async def node_event(type: str, name: str, labels: kopf.Labels, memo: kopf.Memo,
     reconciler.node_changed(name, None if type == "DELETED" else dict(labels))
 
 
-@kopf.on.event(GROUP, VERSION, NODE_STATES, when=node_state_in_scope)
+@kopf.on.event(*NODE_STATES, when=node_state_in_scope)
 async def node_state_event(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:  # noqa: A002
     reconciler: Reconciler = memo.reconciler
     node = (body.get("spec") or {}).get("node")
@@ -260,7 +264,7 @@ async def node_state_event(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs
         reconciler.spawn(reconciler.orphans.sweep(node, agent.endpoint, existing_uid, workload_in_scope))
 
 
-@kopf.on.event(GROUP, VERSION, WORKLOADS, when=workload_in_scope)
+@kopf.on.event(*WORKLOADS, when=workload_in_scope)
 async def workload_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
     if type != "DELETED":
         reconciler: Reconciler = memo.reconciler
@@ -316,9 +320,7 @@ async def _sleep(wake: asyncio.Event, delay: float, stopped: kopf.DaemonStopped)
 
 
 @kopf.daemon(
-    GROUP,
-    VERSION,
-    WORKLOADS,
+    *WORKLOADS,
     id="reconcile",
     when=workload_in_scope,
     # Asked to stop, the daemon finishes its pass; it is cancelled only if that takes longer than this.
@@ -347,7 +349,7 @@ async def reconcile_workload(
         reconciler.detach(str(body.metadata.uid))
 
 
-@kopf.on.delete(GROUP, VERSION, WORKLOADS, id="remove-from-nodes", when=workload_in_scope)
+@kopf.on.delete(*WORKLOADS, id="remove-from-nodes", when=workload_in_scope)
 async def remove_from_nodes(*, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     reconciler: Reconciler = memo.reconciler
     try:

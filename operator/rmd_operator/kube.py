@@ -19,14 +19,11 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from rmd_api.names import RMD_WORKLOAD
 from rmd_operator.errors import OperatorError
 
 log = logging.getLogger(__name__)
 
-GROUP = "intel.com"
-VERSION = "v1alpha1"
-WORKLOADS = "rmdworkloads"
-NODE_STATES = "rmdnodestates"
 _REQUEST_TIMEOUT_SECONDS = 30.0
 
 
@@ -61,10 +58,10 @@ class StatusWriter:
 
         def call() -> None:
             self._objects.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
+                RMD_WORKLOAD.group,
+                RMD_WORKLOAD.version,
                 namespace,
-                WORKLOADS,
+                RMD_WORKLOAD.plural,
                 name,
                 dict(patch),
                 _content_type="application/merge-patch+json",

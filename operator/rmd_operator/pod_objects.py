@@ -12,8 +12,9 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rmd_api.names import RMD_WORKLOAD
 from rmd_operator.errors import OperatorError
-from rmd_operator.kube import GROUP, VERSION, WORKLOADS, KubeError, load_configuration
+from rmd_operator.kube import KubeError, load_configuration
 
 _REQUEST_TIMEOUT_SECONDS = 30.0
 
@@ -97,10 +98,10 @@ class PodObjectsApi:
         return await self._call(
             f"read RmdWorkload {namespace}/{name}",
             self._objects.get_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            RMD_WORKLOAD.group,
+            RMD_WORKLOAD.version,
             namespace,
-            WORKLOADS,
+            RMD_WORKLOAD.plural,
             name,
         )
 
@@ -109,10 +110,10 @@ class PodObjectsApi:
         return await self._call(
             f"create RmdWorkload {meta['namespace']}/{meta['name']}",
             self._objects.create_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            RMD_WORKLOAD.group,
+            RMD_WORKLOAD.version,
             meta["namespace"],
-            WORKLOADS,
+            RMD_WORKLOAD.plural,
             dict(body),
         )
 
@@ -120,10 +121,10 @@ class PodObjectsApi:
         return await self._call(
             f"update RmdWorkload {namespace}/{name}",
             self._objects.patch_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            RMD_WORKLOAD.group,
+            RMD_WORKLOAD.version,
             namespace,
-            WORKLOADS,
+            RMD_WORKLOAD.plural,
             name,
             dict(patch),
             _content_type="application/merge-patch+json",
@@ -133,10 +134,10 @@ class PodObjectsApi:
         await self._call(
             f"delete RmdWorkload {namespace}/{name}",
             self._objects.delete_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            RMD_WORKLOAD.group,
+            RMD_WORKLOAD.version,
             namespace,
-            WORKLOADS,
+            RMD_WORKLOAD.plural,
             name,
             body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
         )

@@ -20,7 +20,9 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from rmd_api.cpuset import format_cpu_list
-from rmd_operator.kube import GROUP, VERSION
+from rmd_api.names import CACHE_WAYS_RESOURCE as CACHE_WAYS
+from rmd_api.names import RMD_WORKLOAD
+from rmd_api.node_state import POD_RESOURCES, POD_RESOURCES_GET, node_state_name
 from rmd_operator.status import (
     FAILED,
     PENDING,
@@ -31,7 +33,6 @@ from rmd_operator.status import (
     merge_diff,
 )
 
-CACHE_WAYS = "intel.com/l3_cache_ways"
 WORKLOAD_INFIX = "-rmd-workload-"
 LABEL_PREFIX = "rmd-operator.intel.com"
 POD_LABEL = f"{LABEL_PREFIX}/pod"
@@ -404,8 +405,8 @@ def owner_reference(request: PodRequest) -> dict[str, Any]:
 def workload_body(request: PodRequest, container: ContainerRequest, cpus: Iterable[int]) -> dict[str, Any]:
     """The whole RmdWorkload for a container, owned by its pod (the garbage collector deletes it with it)."""
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "RmdWorkload",
+        "apiVersion": RMD_WORKLOAD.api_version,
+        "kind": RMD_WORKLOAD.kind,
         "metadata": {
             "name": workload_name(request.name, container.container),
             "namespace": request.namespace,
@@ -615,7 +616,7 @@ def no_agent_problem(container: str, node: str, waited: float) -> CpuLookupProbl
             CPUS_UNKNOWN,
             f"{_agent_lookup(container)}: no rmd agent has published an endpoint for node {node} for "
             f"{waited:.0f}s. Check that the rmd-agent DaemonSet has a running pod on that node and that its "
-            f"RmdNodeState rmd-node-state-{node} shows an endpoint{_RETRYING}",
+            f"RmdNodeState {node_state_name(node)} shows an endpoint{_RETRYING}",
         ),
     )
 
@@ -631,15 +632,16 @@ def call_failed_problem(
         text = (
             f"{_agent_lookup(container)} of node {node}: the agent cannot ask the kubelet's PodResources API "
             f"({answer}). Check that the kubelet runs on the node and that the agent pod mounts its "
-            "pod-resources directory; `rmd-agent probe` on the node (or the podResources and podResourcesGet "
-            f"capabilities in RmdNodeState rmd-node-state-{node}) shows what the agent sees"
+            f"pod-resources directory; `rmd-agent probe` on the node (or the {POD_RESOURCES} and "
+            f"{POD_RESOURCES_GET} capabilities in RmdNodeState {node_state_name(node)}) shows what the agent "
+            "sees"
         )
     elif code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
         key = "agent-unreachable"
         text = (
             f"{_agent_lookup(container)} of node {node} at {endpoint}: {answer}. Check that the agent pod "
-            f"on that node runs and is ready (RmdNodeState rmd-node-state-{node}) and that the operator can "
-            f"reach {endpoint} (network policies, firewalls)"
+            f"on that node runs and is ready (RmdNodeState {node_state_name(node)}) and that the operator "
+            f"can reach {endpoint} (network policies, firewalls)"
         )
     elif code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
         key = "agent-refused"
@@ -663,7 +665,7 @@ def not_allocated_problem(container: str, node: str, detail: str, waited: float)
             f"container {container}: the kubelet of node {node} reports no CPUs for it after {waited:.0f}s "
             f"({detail or 'no detail'}). Check that the pod was admitted and runs on that node (kubectl "
             "describe pod); `rmd-agent probe` on the node (or RmdNodeState "
-            f"rmd-node-state-{node}) shows which PodResources API the agent uses{_RETRYING}",
+            f"{node_state_name(node)}) shows which PodResources API the agent uses{_RETRYING}",
         ),
     )
 

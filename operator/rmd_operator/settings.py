@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmd_api.agent_certs import MIN_EXPIRATION_SECONDS
+from rmd_api.agent_certs import MIN_EXPIRATION_SECONDS, SIGNER_NAME
 from rmd_api.settings_layers import as_plain_dict, dump, layered_values
 from rmd_operator.errors import ConfigError
 
@@ -62,7 +62,7 @@ class OperatorSettings:
         default="",
         metadata={
             "help": "PEM CA certificate that signs the agents' serving certificates requested through the "
-            "CSR API (signer intel.com/rmd-agent-serving); empty: no signer (agents use given files)"
+            f"CSR API (signer {SIGNER_NAME}); empty: no signer (agents use given files)"
         },
     )
     agent_signer_ca_key: str = field(default="", metadata={"help": "PEM private key of agent_signer_ca_cert"})

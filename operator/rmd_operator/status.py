@@ -22,6 +22,7 @@ from typing import Any
 
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.cpuset import format_cpu_list
+from rmd_api.workload_spec import resource_fields
 
 SUCCESSFUL = "Successful"
 FAILED = "Failed"
@@ -98,10 +99,6 @@ def outcome_from_entry(entry: Mapping[str, Any]) -> Outcome:
 # -- workloadStates entries ----------------------------------------------------------------------------------
 
 
-def _ratio_text(ratio: float) -> str:
-    return repr(ratio)  # shortest exact form: 3.0 -> "3.0", 1.5 -> "1.5"
-
-
 def entry(outcome: Outcome) -> dict[str, Any]:
     """The workloadStates entry for an outcome (every field rmd-operator's status had, where known)."""
     if outcome.status != SUCCESSFUL or outcome.workload is None:
@@ -114,31 +111,14 @@ def entry(outcome: Outcome) -> dict[str, Any]:
     response = "Success: OK"
     if outcome.unconfirmed:
         response += f"; the agent cannot confirm it now: {outcome.unconfirmed}"
-    out: dict[str, Any] = {
+    return {
         "status": SUCCESSFUL,
         "response": response,
         "id": w.id,
         "cosName": w.cos_name,
         "coreIds": [format_cpu_list(w.cpus)] if w.cpus else [],
+        **resource_fields(w.spec),
     }
-    spec = w.spec
-    if spec.policy:
-        out["policy"] = spec.policy
-    rdt: dict[str, Any] = {}
-    if spec.HasField("cache"):
-        rdt["cache"] = {"max": spec.cache.max, "min": spec.cache.min}
-    unit = spec.mba.WhichOneof("value") if spec.HasField("mba") else None
-    if unit is not None:
-        rdt["mba"] = {unit: getattr(spec.mba, unit)}
-    if rdt:
-        out["rdt"] = rdt
-    if spec.HasField("pstate"):
-        # rmd-operator wrote the monitoring value into ratio; each goes in its own field here.
-        pstate: dict[str, Any] = {"monitoring": "on" if spec.pstate.monitoring else "off"}
-        if spec.pstate.ratio:
-            pstate["ratio"] = _ratio_text(spec.pstate.ratio)
-        out["plugins"] = {"pstate": pstate}
-    return out
 
 
 def removal_pending(message: str) -> Outcome:

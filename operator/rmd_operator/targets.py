@@ -13,13 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmd_api.node_state import MBA, RDT_L3_CAT, READY, node_state_name
 from rmd_operator.spec import Requirements
-
-NODE_STATE_PREFIX = "rmd-node-state-"
-
-# Capability keys of `rmd-agent probe --json` (docs/probe.md), as the agent publishes them.
-RDT_L3_CAT = "rdtL3Cat"
-MBA = "mba"
 
 PENDING = "Pending"
 FAILED = "Failed"
@@ -82,10 +77,6 @@ def reachable_agent(node: str, cluster: Cluster) -> NodeAgent | None:
     return agent
 
 
-def node_state_name(node: str) -> str:
-    return NODE_STATE_PREFIX + node
-
-
 def node_agent(body: Mapping[str, Any]) -> NodeAgent | None:
     """Parse an RmdNodeState; None when it names no node (not a valid object: the CRD requires spec.node)."""
     node = (body.get("spec") or {}).get("node")
@@ -100,7 +91,7 @@ def node_agent(body: Mapping[str, Any]) -> NodeAgent | None:
     ready: bool | None = None
     reason = message = ""
     for condition in status.get("conditions") or ():
-        if isinstance(condition, Mapping) and condition.get("type") == "Ready":
+        if isinstance(condition, Mapping) and condition.get("type") == READY:
             ready = {"True": True, "False": False}.get(str(condition.get("status")))
             reason = str(condition.get("reason") or "")
             message = str(condition.get("message") or "")

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from rmd_api.names import CACHE_WAYS_RESOURCE, NODE_RESOURCE_TOPOLOGY, RMD_NODE_STATE, RMD_WORKLOAD
 from rmd_sim.cluster import SYSTEM_NAMESPACE, SimCluster
 from rmd_sim.control_plane import repo_root
 from rmd_sim.load import SimLoad
@@ -83,7 +84,7 @@ async def wait_for(condition: Callable[[], bool], within: float) -> bool:
 
 def workloads(api: Any) -> list[dict[str, Any]]:
     found: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
-        "intel.com", "v1alpha1", "rmdworkloads"
+        RMD_WORKLOAD.group, RMD_WORKLOAD.version, RMD_WORKLOAD.plural
     )
     items: list[dict[str, Any]] = found["items"]
     return items
@@ -114,7 +115,7 @@ def workload_lines(api: Any) -> list[str]:
 
 def topology_lines(api: Any, node: str) -> list[str]:
     nrt: Any = client.CustomObjectsApi(api).get_cluster_custom_object(
-        "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", node
+        NODE_RESOURCE_TOPOLOGY.group, NODE_RESOURCE_TOPOLOGY.version, NODE_RESOURCE_TOPOLOGY.plural, node
     )
     attributes = {a["name"]: a["value"] for a in nrt.get("attributes", [])}
     lines = [
@@ -125,7 +126,7 @@ def topology_lines(api: Any, node: str) -> list[str]:
         res = {r["name"]: r for r in zone.get("resources", [])}
         parts = [
             f"{name} {res[name]['available']}/{res[name]['allocatable']}"
-            for name in ("cpu", "memory", "intel.com/l3_cache_ways")
+            for name in ("cpu", "memory", CACHE_WAYS_RESOURCE)
             if name in res
         ]
         lines.append(f"    {zone['name']}: " + ", ".join(parts) + "  (available/allocatable)")
@@ -210,12 +211,13 @@ def real_node_demo(workdir: Path, began: float) -> bool:
         kubelet = stack.get_json("node", stack.node.name)["status"]["nodeInfo"]["kubeletVersion"]
         print(f"\nReal node {stack.node.name} (a real kubelet {kubelet} with containerd; RDT simulated):")
         print(stack.kubectl("get", "pods", "-A", "-o", "wide").stdout.rstrip())
+        key = CACHE_WAYS_RESOURCE.replace(".", r"\.")  # jsonpath escapes the dots of a key
         capacity = stack.kubectl(
-            "get", "node", stack.node.name, "-o", "jsonpath={.status.allocatable.intel\\.com/l3_cache_ways}"
+            "get", "node", stack.node.name, "-o", f"jsonpath={{.status.allocatable.{key}}}"
         )
         ways = capacity.stdout
-        print(f"\n  intel.com/l3_cache_ways allocatable on the Node (the agent's device plugin): {ways}")
-        print(stack.kubectl("get", "rmdworkloads", "-A").stdout.rstrip())
+        print(f"\n  {CACHE_WAYS_RESOURCE} allocatable on the Node (the agent's device plugin): {ways}")
+        print(stack.kubectl("get", RMD_WORKLOAD.plural, "-A").stdout.rstrip())
     step("real node stopped; the host is as it was", began)
     return True
 
@@ -266,8 +268,10 @@ def print_summary(cluster: SimCluster, api: Any, stay: bool) -> None:
         print(f"  export KUBECONFIG={cluster.kubeconfig}   (running until Ctrl-C)")
     else:
         print("  ./dev demo --stay      keep it running and use kubectl against it")
-    print(f"  kubectl get rmdworkloads -A; kubectl get rmdnodestates -n {SYSTEM_NAMESPACE}")
-    print("  kubectl get noderesourcetopologies -o yaml; read docs/how-it-works.md")
+    print(
+        f"  kubectl get {RMD_WORKLOAD.plural} -A; kubectl get {RMD_NODE_STATE.plural} -n {SYSTEM_NAMESPACE}"
+    )
+    print(f"  kubectl get {NODE_RESOURCE_TOPOLOGY.plural} -o yaml; read docs/how-it-works.md")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from rmd_agent.deviceplugin import RESOURCE_NAME, CacheWaysPlugin, WayPool
+from rmd_agent.deviceplugin import CacheWaysPlugin, WayPool
 from rmd_agent.deviceplugin.devices import ENV_CACHE_IDS, ENV_DEVICES, ENV_WAYS, numa_nodes_of
 from rmd_agent.deviceplugin.pools import read_numa_cpus
 from rmd_agent.hostfs import HostFS
@@ -22,6 +22,7 @@ from rmd_agent.kubelet.podresources import PodResourcesClient
 from rmd_agent.observe.caches import L3Cache, read_l3_caches
 from rmd_api.cpuset import parse_cpu_list
 from rmd_api.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from rmd_api.names import CACHE_WAYS_RESOURCE as RESOURCE_NAME
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.kubelet import STATE_REL, AdmissionError, ContainerSpec, SimKubelet
 from rmd_sim.spec import NodeSpec

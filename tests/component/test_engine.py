@@ -175,14 +175,13 @@ async def start_engine(
         await engine.close()
 
 
-def wl(name: str, cpus: list[int] | str, namespace: str = "default", uid: str = "", **spec: Any) -> Workload:
-    """A workload from an RmdWorkload spec (v0.3 layout); `cpus` become spec.coreIds."""
-    core = cpus if isinstance(cpus, str) else format_cpu_list(cpus)
-    return Workload.from_spec(namespace, name, {"coreIds": [core], **spec}, uid)
+def wl(name: str, cpus: list[int], namespace: str = "default", uid: str = "", **fields: Any) -> Workload:
+    """A workload on `cpus` with these Workload fields (cache(max, min), mba_percentage=..., ...)."""
+    return Workload(namespace, name, uid, core_ids=frozenset(cpus), **fields)
 
 
 def cache(max_: int, min_: int) -> dict[str, Any]:
-    return {"rdt": {"cache": {"max": max_, "min": min_}}}
+    return {"cache_max": max_, "cache_min": min_}
 
 
 def runs(mask: int) -> int:
@@ -243,8 +242,10 @@ async def test_overlapping_cores_are_a_conflict_and_leave_the_first_untouched(
 async def test_all_cores_minus_reserved(node: SimNode, start_engine: Any) -> None:
     """Case 5."""
     engine = await start_engine(node)
-    spec = {"allCores": True, "reservedCoreIds": ["0-1", "33"], **cache(2, 2)}
-    applied, _ = await engine.apply(Workload.from_spec("default", "all", spec))
+    request = Workload(
+        "default", "all", all_cores=True, reserved_core_ids=frozenset({0, 1, 33}), **cache(2, 2)
+    )
+    applied, _ = await engine.apply(request)
     expected = frozenset(range(SPEC.cpus)) - {0, 1, 33}
     assert applied.workload.core_ids == expected
     assert node.cpus(applied.cos_name) == expected
@@ -287,9 +288,7 @@ async def test_mba_percentage(node: SimNode, start_engine: Any) -> None:
     elsewhere; the root group's MB line stays as it was."""
     engine = await start_engine(node)
     root_mb = node.masks("", "MB")
-    applied, _ = await engine.apply(
-        wl("w", SOCKET1[2:4], rdt={"cache": {"max": 2, "min": 2}, "mba": {"percentage": 35}})
-    )
+    applied, _ = await engine.apply(wl("w", SOCKET1[2:4], **cache(2, 2), mba_percentage=35))
     step = SPEC.mba_bandwidth_gran
     expected = -(-35 // step) * step
     assert node.masks(applied.cos_name, "MB") == {0: 100, 1: expected}
@@ -337,14 +336,10 @@ async def test_mba_mbps_mode(make_node: Callable[..., SimNode], start_engine: An
     """Case 8: with resctrl mounted -o mba_MBps, MBA is given in MBps and percentages are refused."""
     node = make_node(dataclasses.replace(SPEC, mba_mbps=True))
     engine = await start_engine(node)
-    applied, _ = await engine.apply(
-        wl("w", SOCKET0[2:3], rdt={"cache": {"max": 2, "min": 2}, "mba": {"mbps": 2500}})
-    )
+    applied, _ = await engine.apply(wl("w", SOCKET0[2:3], **cache(2, 2), mba_mbps=2500))
     assert node.masks(applied.cos_name, "MB")[0] == 2500
     with pytest.raises(WorkloadRejected, match="give MBA in MBps"):
-        await engine.apply(
-            wl("p", SOCKET0[4:5], rdt={"cache": {"max": 2, "min": 2}, "mba": {"percentage": 50}})
-        )
+        await engine.apply(wl("p", SOCKET0[4:5], **cache(2, 2), mba_percentage=50))
     assert node.problems() == []
 
 
@@ -355,9 +350,7 @@ async def test_policies_expand_per_platform(node: SimNode, start_engine: Any) ->
     policies = PolicyBook().for_platform(platform)
     pools = {"gold": "guaranteed", "silver": "besteffort", "bronze": "shared"}
     for i, name in enumerate(("gold", "silver", "bronze")):
-        applied, _ = await engine.apply(
-            Workload.from_spec("default", name, {"coreIds": [str(SOCKET0[2 + i])], "policy": name})
-        )
+        applied, _ = await engine.apply(wl(name, [SOCKET0[2 + i]], policy=name))
         assert (applied.workload.cache_max, applied.workload.cache_min) == (
             policies[name].cache_max,
             policies[name].cache_min,
@@ -366,7 +359,7 @@ async def test_policies_expand_per_platform(node: SimNode, start_engine: Any) ->
         if name == "gold":
             assert node.masks(applied.cos_name)[0].bit_count() == policies[name].cache_max
     with pytest.raises(WorkloadRejected) as caught:
-        await engine.apply(Workload.from_spec("default", "x", {"coreIds": ["9"], "policy": "platinum"}))
+        await engine.apply(wl("x", [9], policy="platinum"))
     assert caught.value.reason is RejectReason.INVALID
     assert "unknown policy 'platinum'" in str(caught.value) and "gold" in str(caught.value)
     assert node.problems() == []
@@ -457,7 +450,7 @@ async def test_min_cbm_bits_is_honoured(make_node: Callable[..., SimNode], start
 async def test_second_apply_writes_nothing(node: SimNode, start_engine: Any) -> None:
     engine = await start_engine(node)
     kernel = KernelOps(node.sim)
-    workload = wl("w", SOCKET0[2:4], rdt={"cache": {"max": 2, "min": 2}, "mba": {"percentage": 50}})
+    workload = wl("w", SOCKET0[2:4], **cache(2, 2), mba_percentage=50)
     first, changed = await engine.apply(workload)
     assert changed and kernel.ops
     kernel.ops.clear()
@@ -522,9 +515,7 @@ async def _setup(engine: NodeEngine) -> None:
 
 
 SCENARIOS: dict[str, Callable[[NodeEngine], Awaitable[Any]]] = {
-    "create": lambda e: e.apply(
-        wl("d", [SOCKET0[8], SOCKET1[8]], rdt={"cache": {"max": 3, "min": 3}, "mba": {"percentage": 40}})
-    ),
+    "create": lambda e: e.apply(wl("d", [SOCKET0[8], SOCKET1[8]], **cache(3, 3), mba_percentage=40)),
     "resize-and-move": lambda e: e.apply(wl("a", [SOCKET0[2], SOCKET0[9]], **cache(3, 3))),
     "remove": lambda e: e.remove("default", "a"),
     "join-shared": lambda e: e.apply(wl("s2", SOCKET1[2:4], **cache(0, 0))),
@@ -753,7 +744,7 @@ async def test_node_without_rdt_takes_pstate_only_workloads(
     with pytest.raises(WorkloadRejected) as caught:
         await engine.apply(wl("cache", [2], **cache(2, 2)))
     assert caught.value.reason is RejectReason.INVALID and "no L3 cache allocation" in str(caught.value)
-    applied, changed = await engine.apply(wl("fast", [2, 3], plugins={"pstate": {"ratio": "3.0"}}))
+    applied, changed = await engine.apply(wl("fast", [2, 3], pstate_ratio=3.0))
     assert changed and applied.status == "Successful" and applied.cos_name == "" and applied.pool == "none"
     assert applied.pstate is not None and applied.pstate.supported and applied.pstate.detail == "applied"
     summary = await engine.node()
@@ -772,7 +763,7 @@ async def test_pstate_originals_are_saved_before_the_monitor_writes(node: SimNod
     engine = await start_engine(node, pstate_interval=0.01)
     cpus = SOCKET0[2:4]
     original = {cpu: limits(node, cpu) for cpu in cpus}
-    applied, _ = await engine.apply(wl("fast", cpus, **cache(2, 2), plugins={"pstate": {"ratio": "2.0"}}))
+    applied, _ = await engine.apply(wl("fast", cpus, **cache(2, 2), pstate_ratio=2.0))
     assert applied.pstate is not None and applied.pstate.detail == "applied"
     saved = engine.store.load().pstate_originals
     assert {cpu: (saved[cpu].min_khz, saved[cpu].max_khz) for cpu in cpus} == original
@@ -791,8 +782,8 @@ async def test_pstate_originals_are_saved_before_the_monitor_writes(node: SimNod
 async def test_monitoring_without_ratio_is_refused(node: SimNode, start_engine: Any) -> None:
     engine = await start_engine(node)
     with pytest.raises(WorkloadRejected, match="needs a ratio"):
-        await engine.apply(wl("p", [2], plugins={"pstate": {"monitoring": "on"}}))
-    applied, _ = await engine.apply(wl("p", [2], plugins={"pstate": {"monitoring": "off"}}))
+        await engine.apply(wl("p", [2], pstate_monitoring="on"))
+    applied, _ = await engine.apply(wl("p", [2], pstate_monitoring="off"))
     assert applied.pstate is not None and applied.pstate.detail == "off"
 
 
@@ -870,11 +861,8 @@ def test_cross_check_against_the_checkpoint() -> None:
 def test_state_round_trip_and_atomic_replace(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state" / "state.json")
     assert store.load() == AgentState()
-    request = Workload.from_spec(
-        "ns",
-        "w",
-        {"allCores": True, "reservedCoreIds": ["0"], "policy": "gold", "plugins": {"pstate": {"ratio": 3}}},
-        "uid-7",
+    request = Workload(
+        "ns", "w", "uid-7", all_cores=True, reserved_core_ids=frozenset({0}), policy="gold", pstate_ratio=3.0
     )
     state = AgentState(
         workloads=(

@@ -25,8 +25,8 @@ from rmd_agent.engine import NodeEngine
 from rmd_agent.plan.resctrl_layout import SHARED_GROUP
 from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import AgentSettings
-from rmd_agent.state_store import StateStore
-from rmd_api.cpuset import format_cpu_list, parse_cpu_list
+from rmd_agent.state_store import StateStore, workload_from_json, workload_to_json
+from rmd_api.cpuset import parse_cpu_list
 from rmd_sim import perf
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.resctrl import RESCTRL, check_resctrl_tree, parse_schemata_text
@@ -47,7 +47,7 @@ DRIVER = textwrap.dedent(
     from pathlib import Path
     from rmd_agent.engine import NodeEngine
     from rmd_agent.settings import AgentSettings
-    from rmd_agent.plan.workload import Workload
+    from rmd_agent.state_store import workload_from_json
 
     host, actions = sys.argv[1], json.loads(sys.argv[2])
     die_at, interval = int(sys.argv[3]), float(sys.argv[4])
@@ -64,9 +64,9 @@ DRIVER = textwrap.dedent(
         settings = AgentSettings(host_root=Path(host), pstate_counters="files")
         engine = NodeEngine(settings, step_hook=hook, pstate_interval=interval)
         await engine.start()
-        for i, (kind, ns, name, spec) in enumerate(actions):
+        for i, (kind, ns, name, workload) in enumerate(actions):
             if kind == "apply":
-                await engine.apply(Workload.from_spec(ns, name, spec))
+                await engine.apply(workload_from_json(workload, name))
             else:
                 assert await engine.remove(ns, name)
             print(f"done {i}", flush=True)
@@ -81,20 +81,26 @@ DRIVER = textwrap.dedent(
 )
 
 
-def cache(max_: int, min_: int, **rdt: Any) -> dict[str, Any]:
-    return {"rdt": {"cache": {"max": max_, "min": min_}, **rdt}}
+def cache(max_: int, min_: int, **fields: Any) -> dict[str, Any]:
+    return {"cache_max": max_, "cache_min": min_, **fields}
 
 
-def apply(name: str, cpus: list[int], spec: dict[str, Any]) -> list[Any]:
-    return ["apply", "default", name, {"coreIds": [format_cpu_list(cpus)], **spec}]
+def apply(name: str, cpus: list[int], fields: dict[str, Any]) -> list[Any]:
+    """Apply a workload on `cpus` with these Workload fields (as JSON: the state file's encoding)."""
+    return [
+        "apply",
+        "default",
+        name,
+        workload_to_json(Workload("default", name, core_ids=frozenset(cpus), **fields)),
+    ]
 
 
-PSTATE = {"plugins": {"pstate": {"ratio": "2.0"}}}
+PSTATE = {"pstate_ratio": 2.0}
 ACTIONS: list[list[Any]] = [
     apply("a", S0[2:4], {**cache(2, 2), **PSTATE}),
     apply("b", S0[4:6], cache(3, 1)),
     apply("c", S0[6:7], cache(0, 0)),
-    apply("d", [S0[8], S1[8]], cache(1, 1, mba={"percentage": 50})),
+    apply("d", [S0[8], S1[8]], cache(1, 1, mba_percentage=50)),
     apply("a", [S0[2], S0[9]], {**cache(3, 3), **PSTATE}),  # resize and move, P-state follows
     ["remove", "default", "b", None],
     apply("c", S0[6:7], cache(1, 1)),  # leaves the shared group for one of its own
@@ -106,10 +112,10 @@ ACTIONS: list[list[Any]] = [
 def registry_after(count: int) -> dict[str, Workload]:
     """The registry (key -> request) after the first `count` actions, in acceptance order."""
     registry: dict[str, Workload] = {}
-    for kind, ns, name, spec in ACTIONS[:count]:
+    for kind, ns, name, workload in ACTIONS[:count]:
         key = f"{ns}/{name}"
         if kind == "apply":
-            registry[key] = Workload.from_spec(ns, name, spec)
+            registry[key] = workload_from_json(workload, key)
         else:
             del registry[key]
     return registry

@@ -26,9 +26,10 @@ from kubernetes.client.exceptions import ApiException
 
 from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, EngineUnavailable, NodeSummary
 from rmd_agent.kube import api_client_factory
-from rmd_agent.node_state import GROUP, PLURAL, VERSION, NodeStateWriter, node_state_name
+from rmd_agent.node_state import GROUP, PLURAL, VERSION, NodeStateWriter
 from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import AgentSettings
+from rmd_api.node_state import node_state_name
 from rmd_sim.control_plane import ControlPlane, repo_root
 
 pytestmark = pytest.mark.e2e

@@ -27,8 +27,9 @@ from rmd_agent.nrt.exporter import NrtExporter
 from rmd_agent.nrt.fingerprint import fingerprint
 from rmd_agent.nrt.publisher import GROUP, PLURAL, VERSION
 from rmd_agent.nrt.quantity import parse_integer_quantity
-from rmd_agent.nrt.zones import CACHE_WAYS_RESOURCE, CacheWays
+from rmd_agent.nrt.zones import CacheWays
 from rmd_agent.settings import AgentSettings
+from rmd_api.names import CACHE_WAYS_RESOURCE
 from rmd_sim.control_plane import ControlPlane
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.kubelet import ContainerSpec, Device, SimKubelet

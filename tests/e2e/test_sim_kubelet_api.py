@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rmd_agent.deviceplugin import RESOURCE_NAME, CacheWaysPlugin, WayPool
+from rmd_agent.deviceplugin import CacheWaysPlugin, WayPool
 from rmd_agent.deviceplugin.devices import ENV_WAYS, numa_nodes_of
 from rmd_agent.deviceplugin.pools import read_numa_cpus
 from rmd_agent.hostfs import HostFS
@@ -28,6 +28,7 @@ from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient
 from rmd_agent.observe.caches import read_l3_caches
 from rmd_api.cpuset import parse_cpu_list
 from rmd_api.kubelet.checkpoint import decode_cpu_manager_state
+from rmd_api.names import CACHE_WAYS_RESOURCE as RESOURCE_NAME
 from rmd_sim.control_plane import ControlPlane
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.kubelet import STATE_REL, SimKubelet

@@ -16,12 +16,8 @@ import yaml
 from rmd_agent.engine_api import AppliedWorkload, PstateOutcome
 from rmd_agent.errors import ConfigError
 from rmd_agent.node_state import (
-    AGENT_READY,
-    AGENT_STOPPED,
-    ENGINE_NOT_READY,
     MAX_CAPABILITIES,
     MAX_DETAIL,
-    READY,
     Readiness,
     capabilities_map,
     desired_object,
@@ -29,7 +25,6 @@ from rmd_agent.node_state import (
     endpoint_from_settings,
     engine_readiness,
     format_endpoint,
-    node_state_name,
     ready_condition,
     repair_change,
     repair_patch,
@@ -40,6 +35,7 @@ from rmd_agent.node_state import (
 )
 from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import load_settings
+from rmd_api.node_state import AGENT_READY, AGENT_STOPPED, ENGINE_NOT_READY, READY, node_state_name
 
 ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL_KEYS = {

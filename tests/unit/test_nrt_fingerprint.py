@@ -40,9 +40,10 @@ from rmd_agent.nrt.fingerprint import (
     is_native_resource,
     pods_fingerprint,
 )
-from rmd_agent.nrt.zones import CACHE_WAYS_RESOURCE, CacheWays, compute_zones
+from rmd_agent.nrt.zones import CacheWays, compute_zones
 from rmd_agent.observe.numa import NumaNode
 from rmd_agent.power.cgroup_paths import QoS
+from rmd_api.names import CACHE_WAYS_RESOURCE
 from rmd_sim.scheduler_view import container_requests, native, pod_qos, scheduler_counts, steady_containers
 
 TINY = [("production", "jaeger-dpgjk"), ("production", "nginx-rt684"), ("production", "envoy-g9m22")]

@@ -29,7 +29,6 @@ from rmd_agent.kubelet.podresources import (
 from rmd_agent.nrt.exporter import NrtExporter, node_exclusions, topology_attributes
 from rmd_agent.nrt.quantity import decimal_si, parse_integer_quantity
 from rmd_agent.nrt.zones import (
-    CACHE_WAYS_RESOURCE,
     CacheWays,
     NodeTopology,
     ResourceInfo,
@@ -39,6 +38,7 @@ from rmd_agent.nrt.zones import (
 )
 from rmd_agent.observe.numa import Hugepages, NumaNode
 from rmd_agent.settings import AgentSettings
+from rmd_api.names import CACHE_WAYS_RESOURCE
 
 GIB = 1024**3
 

@@ -15,6 +15,9 @@ from rmd_agent.plan.workload import (
     resolve_workload,
     validate_workload,
 )
+from rmd_agent.server import convert
+from rmd_api.agent.v1 import agent_pb2
+from rmd_api.workload_spec import parse_spec
 
 L3 = CacheInfo(
     cbm_mask=0x7FF, min_cbm_bits=1, num_closids=16, shareable_bits=0, sparse_masks=False, cdp=False
@@ -46,7 +49,7 @@ def rejected(call: Any) -> WorkloadRejected:
     return err.value
 
 
-# -- parsing both spec layouts -------------------------------------------------------------------------------
+# -- from an RmdWorkload spec (its layouts: rmd_api.workload_spec, tests/unit/test_operator_spec.py) ---------
 
 
 def test_v03_spec_is_normalised() -> None:
@@ -57,69 +60,19 @@ def test_v03_spec_is_normalised() -> None:
         "plugins": {"pstate": {"ratio": "3.0", "monitoring": "on"}},
         "nodes": ["worker-1"],  # the operator's business; ignored here
     }
-    w = Workload.from_spec("prod", "db", spec, uid="u-1")
+    # as the operator reads it and the agent receives it
+    ref = agent_pb2.WorkloadRef(namespace="prod", name="db", uid="u-1")
+    w = convert.workload_from_request(agent_pb2.ApplyWorkloadRequest(ref=ref, spec=parse_spec(spec)))
     assert (w.key, w.uid, w.all_cores, w.reserved_core_ids) == ("prod/db", "u-1", True, frozenset({0, 1, 6}))
     assert (w.cache_max, w.cache_min, w.mba_percentage, w.mba_mbps) == (2, 2, 50, None)
     assert (w.pstate_ratio, w.pstate_monitoring, w.policy) == (3.0, "on", None)
     assert w.pool is Pool.GUARANTEED
 
 
-def test_v01_spec_is_normalised() -> None:
-    spec = {"coreIds": ["0-2", "5", 7], "cache": {"max": 3, "min": 1}, "pstate": {"ratio": 1.5}}
-    w = Workload.from_spec("default", "old", spec)
-    assert w.core_ids == {0, 1, 2, 5, 7}
-    assert (w.cache_max, w.cache_min, w.pstate_ratio, w.pstate_monitoring) == (3, 1, 1.5, None)
-    assert w.pool is Pool.BEST_EFFORT
-
-
 def test_no_cache_and_no_policy_is_a_shared_request() -> None:
     # rmd-operator sends max=0/min=0 when rdt.cache is absent, which RMD reads as the shared pool.
-    w = Workload.from_spec("default", "p", {"coreIds": ["3"], "plugins": {"pstate": {"ratio": "2"}}})
+    w = wl(cores={3}, pstate_ratio=2.0)
     assert (w.cache_max, w.wants_cache, w.pool) == (None, False, Pool.SHARED)
-
-
-@pytest.mark.parametrize(
-    ("spec", "message"),
-    [
-        (
-            {"coreIds": ["1"], "cache": {"max": 1, "min": 1}, "rdt": {"cache": {"max": 1, "min": 1}}},
-            "mutually exclusive",
-        ),
-        (
-            {"coreIds": ["1"], "pstate": {"ratio": 1}, "plugins": {"pstate": {"ratio": 1}}},
-            "mutually exclusive",
-        ),
-        ({"coreIds": ["1-x"]}, "spec.coreIds[0]"),
-        ({"coreIds": "1-3"}, "spec.coreIds must be a list"),
-        ({"coreIds": [True]}, "spec.coreIds[0] must be a cpu list string"),
-        (
-            {"coreIds": ["1"], "rdt": {"cache": {"max": "2", "min": 2}}},
-            "spec.rdt.cache.max must be an integer",
-        ),
-        ({"coreIds": ["1"], "cache": {"max": -1, "min": 0}}, "spec.cache.max cannot be negative (-1)"),
-        ({"coreIds": ["1"], "rdt": {"cache": {"max": 2}}}, "cache max=2 with min=0 selects no pool"),
-        ({"coreIds": ["1"], "rdt": "gold"}, "spec.rdt must be a mapping"),
-        (
-            {"coreIds": ["1"], "plugins": {"pstate": {"ratio": "fast"}}},
-            "spec.plugins.pstate.ratio must be a decimal",
-        ),
-        (
-            {"coreIds": ["1"], "pstate": {"monitoring": "maybe"}},
-            'spec.pstate.monitoring must be "on" or "off"',
-        ),
-        ({"coreIds": ["1"], "allCores": "yes"}, "spec.allCores must be true or false"),
-        ({"coreIds": ["1"], "policy": 3}, "spec.policy must be a string"),
-    ],
-)
-def test_malformed_specs_are_invalid_and_say_where(spec: dict[str, Any], message: str) -> None:
-    err = rejected(lambda: Workload.from_spec("default", "x", spec))
-    assert err.reason is RejectReason.INVALID
-    assert message in err.message
-
-
-def test_yaml_boolean_monitoring_is_read_back_as_on_off() -> None:
-    w = Workload.from_spec("default", "x", {"coreIds": ["1"], "pstate": {"monitoring": False}})
-    assert w.pstate_monitoring == "off"
 
 
 # -- pools ---------------------------------------------------------------------------------------------------

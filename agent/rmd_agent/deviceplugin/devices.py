@@ -12,8 +12,6 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-RESOURCE_NAME = "intel.com/l3_cache_ways"
-
 # What Allocate puts into the container's environment (docs/deviceplugin.md).
 ENV_WAYS = "RMD_L3_CACHE_WAYS"  # how many ways the container was given
 ENV_DEVICES = "RMD_L3_CACHE_WAY_DEVICES"  # the device ids, comma-separated, sorted

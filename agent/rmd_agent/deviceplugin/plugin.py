@@ -30,7 +30,6 @@ import grpc
 import grpc.aio
 
 from rmd_agent.deviceplugin.devices import (
-    RESOURCE_NAME,
     UnknownDevices,
     WayDevice,
     WayPool,
@@ -40,6 +39,7 @@ from rmd_agent.deviceplugin.devices import (
 )
 from rmd_agent.errors import AgentError
 from rmd_api.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from rmd_api.names import CACHE_WAYS_RESOURCE
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class CacheWaysPlugin:
         plugin_dir: Path,
         *,
         socket_name: str = DEFAULT_SOCKET_NAME,
-        resource_name: str = RESOURCE_NAME,
+        resource_name: str = CACHE_WAYS_RESOURCE,
         refresh_seconds: float = 5.0,
         watch_seconds: float = 0.1,  # a stat of kubelet.sock; see the registration loop
         timeout: float = 5.0,

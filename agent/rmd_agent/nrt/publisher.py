@@ -27,13 +27,14 @@ from rmd_agent.kube_object_writer import (
     ObjectWriter,
     node_owner_reference,
 )
-from rmd_agent.nrt.zones import API_VERSION, KIND, NodeTopology
+from rmd_agent.nrt.zones import NodeTopology
+from rmd_api.names import NODE_RESOURCE_TOPOLOGY as NRT
 
 log = logging.getLogger(__name__)
 
-GROUP = "topology.node.k8s.io"
-VERSION = "v1alpha2"
-PLURAL = "noderesourcetopologies"
+# The object's API names (rmd_api.names), as the client calls below take them.
+GROUP, VERSION, PLURAL = NRT.group, NRT.version, NRT.plural
+API_VERSION, KIND = NRT.api_version, NRT.kind
 FIELD_MANAGER = "rmd-agent"
 
 Obj = dict[str, Any]

@@ -37,13 +37,11 @@ from typing import Any
 from rmd_agent.kubelet.podresources import AllocatableResources, MemoryBlock, PodResources
 from rmd_agent.nrt.quantity import decimal_si
 from rmd_agent.observe.numa import NumaNode
+from rmd_api.names import CACHE_WAYS_RESOURCE
 
-API_VERSION = "topology.node.k8s.io/v1alpha2"
-KIND = "NodeResourceTopology"
 ZONE_TYPE_NODE = "Node"
 CPU = "cpu"
 MEMORY = "memory"
-CACHE_WAYS_RESOURCE = "intel.com/l3_cache_ways"
 ATTRIBUTE_TM_POLICY = "topologyManagerPolicy"
 ATTRIBUTE_TM_SCOPE = "topologyManagerScope"
 

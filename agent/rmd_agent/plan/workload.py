@@ -1,8 +1,8 @@
 """A workload: cache ways, memory bandwidth and a P-state for a set of CPUs, and whether a node can give it.
 
-The request is normalised from either RmdWorkload spec layout of rmd-operator: v0.1 (spec.cache, spec.pstate)
-or v0.3 (spec.rdt.cache, spec.rdt.mba, spec.plugins.pstate, spec.allCores, spec.reservedCoreIds, spec.policy).
-Cache max/min select the pool, as in RMD:
+The request arrives as the rmd.agent.v1 WorkloadSpec the operator made of an RmdWorkload (either layout;
+rmd_api.workload_spec) and is copied field by field (rmd_agent.server.convert). Cache max/min select the
+pool, as in RMD:
 
     max == min > 0    guaranteed   ways of its own, never shared with any other group nor the OS
     max > min > 0     besteffort   at least min ways no other workload has, up to max when there is room
@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from rmd_agent.errors import AgentError
 from rmd_agent.plan.inventory import NodeInventory
-from rmd_api.cpuset import CpuListError, format_cpu_list, parse_cpu_list_entries
+from rmd_api.cpuset import format_cpu_list
 
 MAX_MBA_PERCENTAGE = 100
 MAX_MBA_MBPS = 4294967290  # RMD's (and the CRD's) bound; resctrl's own limit is U32_MAX
@@ -129,106 +128,6 @@ class Workload:
     @property
     def mba(self) -> int | None:
         return self.mba_percentage if self.mba_percentage is not None else self.mba_mbps
-
-    @classmethod
-    def from_spec(cls, namespace: str, name: str, spec: Mapping[str, Any], uid: str = "") -> Workload:
-        """Normalise an RmdWorkload spec (v0.1 or v0.3 layout). WorkloadRejected (invalid) if malformed."""
-        if not isinstance(spec, Mapping):
-            raise _invalid(f"spec must be a mapping, not {type(spec).__name__}")
-        rdt = _section(spec, "rdt")
-        plugins = _section(spec, "plugins")
-        if "cache" in spec and "cache" in rdt:
-            raise _invalid("spec.cache (v0.1 layout) and spec.rdt.cache (v0.3 layout) are mutually exclusive")
-        if "pstate" in spec and "pstate" in plugins:
-            raise _invalid(
-                "spec.pstate (v0.1 layout) and spec.plugins.pstate (v0.3 layout) are mutually exclusive"
-            )
-        cache_path = "spec.rdt.cache" if "cache" in rdt else "spec.cache"
-        cache = _section(rdt, "cache", cache_path) if "cache" in rdt else _section(spec, "cache")
-        pstate_path = "spec.plugins.pstate" if "pstate" in plugins else "spec.pstate"
-        pstate = _section(plugins, "pstate", pstate_path) if "pstate" in plugins else _section(spec, "pstate")
-        mba = _section(rdt, "mba", "spec.rdt.mba")
-        has_cache = "cache" in rdt or "cache" in spec
-        policy = spec.get("policy")
-        if policy is not None and not isinstance(policy, str):
-            raise _invalid(f"spec.policy must be a string, not {policy!r}")
-        workload = cls(
-            namespace=namespace,
-            name=name,
-            uid=uid,
-            core_ids=_cpu_lists(spec.get("coreIds"), "spec.coreIds"),
-            all_cores=_bool(spec.get("allCores", False), "spec.allCores"),
-            reserved_core_ids=_cpu_lists(spec.get("reservedCoreIds"), "spec.reservedCoreIds"),
-            # The CRD says unset max/min count as 0 once the cache object is given.
-            cache_max=_count(cache.get("max", 0), f"{cache_path}.max") if has_cache else None,
-            cache_min=_count(cache.get("min", 0), f"{cache_path}.min") if has_cache else None,
-            mba_percentage=_opt_count(mba.get("percentage"), "spec.rdt.mba.percentage"),
-            mba_mbps=_opt_count(mba.get("mbps"), "spec.rdt.mba.mbps"),
-            policy=policy or None,
-            pstate_ratio=_ratio(pstate.get("ratio"), f"{pstate_path}.ratio"),
-            pstate_monitoring=_monitoring(pstate.get("monitoring"), f"{pstate_path}.monitoring"),
-        )
-        check_request(workload)
-        return workload
-
-
-# -- spec parsing helpers ------------------------------------------------------------------------------------
-
-
-def _section(parent: Mapping[str, Any], key: str, path: str | None = None) -> Mapping[str, Any]:
-    value = parent.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise _invalid(f"{path or 'spec.' + key} must be a mapping, not {value!r}")
-    return value
-
-
-def _cpu_lists(value: Any, path: str) -> frozenset[int]:
-    try:
-        return parse_cpu_list_entries(value, path)
-    except CpuListError as exc:
-        raise _invalid(str(exc)) from None
-
-
-def _bool(value: Any, path: str) -> bool:
-    if not isinstance(value, bool):
-        raise _invalid(f"{path} must be true or false, not {value!r}")
-    return value
-
-
-def _count(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid(f"{path} must be an integer, not {value!r}")
-    if value < 0:
-        raise _invalid(f"{path} cannot be negative ({value})")
-    return value
-
-
-def _opt_count(value: Any, path: str) -> int | None:
-    return None if value is None else _count(value, path)
-
-
-def _ratio(value: Any, path: str) -> float | None:
-    """rmd-operator carries the ratio as a string ("3.0") and parses it with ParseFloat; numbers work too."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise _invalid(f'{path} must be a decimal number such as "3.0", not {value!r}')
-    try:
-        return float(value)
-    except ValueError:
-        raise _invalid(f'{path} must be a decimal number such as "3.0", not {value!r}') from None
-
-
-def _monitoring(value: Any, path: str) -> str | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):  # YAML 1.1 reads a bare on/off as a boolean
-        return "on" if value else "off"
-    if value not in ("on", "off"):
-        raise _invalid(f'{path} must be "on" or "off", not {value!r}')
-    return str(value)
 
 
 # -- checks --------------------------------------------------------------------------------------------------

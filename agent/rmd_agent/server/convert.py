@@ -1,20 +1,21 @@
 """Protobuf <-> engine types for the rmd.agent.v1 API. Pure: no grpc, no I/O.
 
-Requests are turned into the RmdWorkload v0.3 spec layout and normalised by `Workload.from_spec`, so a
-request malformed over gRPC is rejected with the same messages (naming spec.* fields) as one in a manifest.
-Malformed requests raise WorkloadRejected (invalid) for workloads and InvalidRequest otherwise; the service
-answers both with INVALID_ARGUMENT.
+A WorkloadSpec becomes a Workload field by field (`workload_from_message`, the inverse of `spec_message`); the
+operator has already read the RmdWorkload's layout (rmd_api.workload_spec), so the agent never parses one.
+The request is then checked like any workload (`check_request`), and its messages name spec.* fields as
+the manifest does. Malformed requests raise WorkloadRejected (invalid) for workloads and InvalidRequest
+otherwise; the service answers both with INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
 
 from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, CpuState, NodeSummary
 from rmd_agent.errors import AgentError
-from rmd_agent.plan.workload import RejectReason, Workload, WorkloadRejected
+from rmd_agent.plan.workload import RejectReason, Workload, WorkloadRejected, check_request
 from rmd_api.agent.v1 import agent_pb2
-from rmd_api.cpuset import format_cpu_list
+from rmd_api.cpuset import CpuListError, format_cpu_list, parse_cpu_list_entries
 
 _CPU_STATES = {
     CpuState.ALLOCATED: agent_pb2.GetContainerCpusResponse.ALLOCATED,
@@ -41,28 +42,33 @@ def _ref(ref: agent_pb2.WorkloadRef, what: str) -> tuple[str, str, str]:
 # -- requests ------------------------------------------------------------------------------------------------
 
 
-def spec_dict(spec: agent_pb2.WorkloadSpec) -> dict[str, Any]:
-    """A WorkloadSpec as an RmdWorkload spec (v0.3 layout), keeping "absent" distinct from zero."""
-    out: dict[str, Any] = {"coreIds": list(spec.core_ids), "allCores": spec.all_cores}
-    if spec.reserved_core_ids:
-        out["reservedCoreIds"] = list(spec.reserved_core_ids)
-    if spec.policy:
-        out["policy"] = spec.policy
-    rdt: dict[str, Any] = {}
-    if spec.HasField("cache"):
-        rdt["cache"] = {"max": spec.cache.max, "min": spec.cache.min}
-    unit = spec.mba.WhichOneof("value") if spec.HasField("mba") else None
-    if unit is not None:
-        rdt["mba"] = {unit: getattr(spec.mba, unit)}
-    if rdt:
-        out["rdt"] = rdt
-    if spec.HasField("pstate"):
+def _cpus(entries: Iterable[str], path: str) -> frozenset[int]:
+    try:
+        return parse_cpu_list_entries(list(entries), path)
+    except CpuListError as exc:
+        raise WorkloadRejected(RejectReason.INVALID, str(exc)) from None
+
+
+def workload_from_message(namespace: str, name: str, uid: str, spec: agent_pb2.WorkloadSpec) -> Workload:
+    """The workload a WorkloadSpec asks for, keeping "absent" (None) distinct from zero. Not checked yet."""
+    mba = spec.mba.WhichOneof("value") if spec.HasField("mba") else None
+    pstate = spec.pstate if spec.HasField("pstate") else None
+    return Workload(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        core_ids=_cpus(spec.core_ids, "spec.coreIds"),
+        all_cores=spec.all_cores,
+        reserved_core_ids=_cpus(spec.reserved_core_ids, "spec.reservedCoreIds"),
+        cache_max=spec.cache.max if spec.HasField("cache") else None,
+        cache_min=spec.cache.min if spec.HasField("cache") else None,
+        mba_percentage=spec.mba.percentage if mba == "percentage" else None,
+        mba_mbps=spec.mba.mbps if mba == "mbps" else None,
+        policy=spec.policy or None,
         # proto3 has no "unset" double: ratio 0 means no ratio (a zero ratio would be invalid anyway).
-        pstate: dict[str, Any] = {"monitoring": "on" if spec.pstate.monitoring else "off"}
-        if spec.pstate.ratio:
-            pstate["ratio"] = spec.pstate.ratio
-        out["plugins"] = {"pstate": pstate}
-    return out
+        pstate_ratio=(pstate.ratio or None) if pstate is not None else None,
+        pstate_monitoring=("on" if pstate.monitoring else "off") if pstate is not None else None,
+    )
 
 
 def workload_from_request(request: agent_pb2.ApplyWorkloadRequest) -> Workload:
@@ -71,11 +77,12 @@ def workload_from_request(request: agent_pb2.ApplyWorkloadRequest) -> Workload:
         namespace, name, uid = _ref(request.ref, "ApplyWorkload")
     except InvalidRequest as exc:
         raise WorkloadRejected(RejectReason.INVALID, str(exc)) from None
-    key = f"{namespace}/{name}"
     try:
-        return Workload.from_spec(namespace, name, spec_dict(request.spec), uid)
+        workload = workload_from_message(namespace, name, uid, request.spec)
+        check_request(workload)
     except WorkloadRejected as exc:
-        raise exc.for_workload(key) from None
+        raise exc.for_workload(f"{namespace}/{name}") from None
+    return workload
 
 
 def remove_ref(request: agent_pb2.RemoveWorkloadRequest) -> tuple[str, str, str]:

@@ -21,6 +21,7 @@ from typing import Any, Self, TypeVar
 
 import yaml
 
+from rmd_api.names import CACHE_WAYS_RESOURCE as CACHE_WAYS
 from rmd_sim.control_plane import REAL_NODE_CONTROLLERS, ControlPlane, repo_root
 from rmd_sim.realnode import images
 from rmd_sim.realnode.node import RealNode, RealNodeError
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 
 RELEASE = "rmd"
 RELEASE_NAMESPACE = "rmd-system"
-CACHE_WAYS = "intel.com/l3_cache_ways"
 T = TypeVar("T")
 Obj = dict[str, Any]
 
