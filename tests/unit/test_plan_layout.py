@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rmd_agent.errors import ConfigError, Unsupported
@@ -409,6 +409,19 @@ def scenarios(draw: st.DrawFn) -> Scenario:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
+# Found by Hypothesis: with 2 CLOSIDs the root group holds few ways next to a best-effort group; when that
+# group turns gold, the ways the root keeps make no valid mask, and the root released nothing before the group
+# took its guaranteed ways (the root now parks on the OS ways, as other groups do).
+@example(
+    (
+        make_node(ways=15, min_bits=2, sparse=True, closids=2, domains=1, per_domain=2, mba=None),
+        [],
+        [
+            [wl("e", [0], 4, 2)],
+            [wl("a", [0]), wl("b", [0]), wl("c", [0]), wl("e", [0], policy="gold")],
+        ],
+    )
+)
 def test_plans_obey_the_kernel_and_converge(scenario: Scenario) -> None:
     node, foreign, rounds = scenario
     state = sim_state(node, foreign)

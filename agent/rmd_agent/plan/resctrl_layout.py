@@ -744,9 +744,9 @@ def diff(
     current: ResctrlState | None, desired: Layout, owned: Callable[[str], bool] = is_owned
 ) -> list[Operation]:
     """The fewest operations that turn `current` into `desired`, ordered so that no two groups share a
-    guaranteed way at any step: remove stale groups, release ways (root first; a group whose mask moves to
-    disjoint ways is parked on the OS ways meanwhile), create groups, take ways, then move CPUs (gaining
-    groups first: a CPU written into one group leaves its old group by itself).
+    guaranteed way at any step: remove stale groups, release ways (root first; a group, the root included,
+    whose kept ways make no valid mask is parked on the OS ways meanwhile), create groups, take ways, then
+    move CPUs (gaining groups first: a CPU written into one group leaves its old group by itself).
     Only groups for which `owned(name)` holds are created, changed or removed, plus the root group's cache
     lines."""
     for g in desired.groups:
@@ -767,7 +767,11 @@ def diff(
     creates: list[Operation] = []
     finals: list[tuple[int, str, WriteSchemata]] = []
 
-    root_release, root_final = _split_change(root_schemata, desired.root_schemata, l3, unknown_is_full=True)
+    # The root parks on the OS ways too when the ways it keeps make no valid mask: it must let go of ways a
+    # guaranteed group takes before that group grows into them.
+    root_release, root_final = _split_change(
+        root_schemata, desired.root_schemata, l3, unknown_is_full=True, park=park
+    )
     if root_release:
         releases.append(WriteSchemata("", root_release))
     for name, plan in sorted(wanted.items()):
