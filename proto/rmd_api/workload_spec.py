@@ -166,7 +166,8 @@ def resource_fields(spec: agent_pb2.WorkloadSpec) -> dict[str, Any]:
         out["rdt"] = rdt
     if spec.HasField("pstate"):
         # rmd-operator wrote the monitoring value into ratio; each goes in its own field here.
-        pstate: dict[str, Any] = {"monitoring": "on" if spec.pstate.monitoring else "off"}
+        monitoring = spec.pstate.monitoring if spec.pstate.HasField("monitoring") else True  # unset: on
+        pstate: dict[str, Any] = {"monitoring": "on" if monitoring else "off"}
         if spec.pstate.ratio:
             pstate["ratio"] = repr(spec.pstate.ratio)  # shortest exact form: 3.0 -> "3.0", 1.5 -> "1.5"
         out["plugins"] = {"pstate": pstate}

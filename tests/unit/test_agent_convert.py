@@ -16,9 +16,11 @@ from rmd_agent.engine_api import (
     NodeSummary,
     PstateOutcome,
 )
+from rmd_agent.plan.pstate_request import pstate_request
 from rmd_agent.plan.workload import RejectReason, Workload, WorkloadRejected
 from rmd_agent.server import convert
 from rmd_api.agent.v1 import agent_pb2
+from rmd_api.workload_spec import parse_spec, resource_fields
 
 
 def _request(
@@ -64,6 +66,16 @@ def test_pstate_without_ratio_is_monitoring_only() -> None:
     spec = agent_pb2.WorkloadSpec(core_ids=["3"], pstate=agent_pb2.PstateRequest(monitoring=False))
     w = convert.workload_from_request(_request(spec))
     assert (w.pstate_ratio, w.pstate_monitoring) == (None, "off")
+
+
+def test_a_ratio_alone_is_monitored_as_the_docs_say() -> None:
+    """A spec with only a ratio, through the operator's codec to the agent: monitoring is left to the agent's
+    default (on), not sent as "off" (a plain proto3 bool could not tell unset from false)."""
+    spec = parse_spec({"coreIds": ["3"], "plugins": {"pstate": {"ratio": "3.0"}}})
+    w = convert.workload_from_request(_request(agent_pb2.WorkloadSpec.FromString(spec.SerializeToString())))
+    assert (w.pstate_ratio, w.pstate_monitoring) == (3.0, None)
+    assert pstate_request(w) == (3.0, True)
+    assert resource_fields(spec)["plugins"]["pstate"]["monitoring"] == "on"
 
 
 @pytest.mark.parametrize(
@@ -144,7 +156,7 @@ def _workloads(draw: st.DrawFn) -> Workload:
     mba_pct, mba_mbps = None, None
     if cache == (2, 2):
         mba_pct, mba_mbps = draw(st.sampled_from([(None, None), (40, None), (None, 3000)]))
-    pstate = draw(st.sampled_from([(None, None), (2.5, "on"), (None, "off"), (1.0, "off")]))
+    pstate = draw(st.sampled_from([(None, None), (2.5, "on"), (None, "off"), (1.0, "off"), (3.0, None)]))
     return Workload(
         namespace="ns",
         name=draw(st.text("abcdef-", min_size=1, max_size=8)),

@@ -67,8 +67,15 @@ def workload_from_message(namespace: str, name: str, uid: str, spec: agent_pb2.W
         policy=spec.policy or None,
         # proto3 has no "unset" double: ratio 0 means no ratio (a zero ratio would be invalid anyway).
         pstate_ratio=(pstate.ratio or None) if pstate is not None else None,
-        pstate_monitoring=("on" if pstate.monitoring else "off") if pstate is not None else None,
+        pstate_monitoring=_monitoring(pstate),
     )
+
+
+def _monitoring(pstate: agent_pb2.PstateRequest | None) -> str | None:
+    """"on", "off", or None when the request leaves it unset (the engine then monitors, as RMD does)."""
+    if pstate is None or not pstate.HasField("monitoring"):
+        return None
+    return "on" if pstate.monitoring else "off"
 
 
 def workload_from_request(request: agent_pb2.ApplyWorkloadRequest) -> Workload:
@@ -122,7 +129,8 @@ def spec_message(w: Workload) -> agent_pb2.WorkloadSpec:
         spec.mba.mbps = w.mba_mbps
     if w.pstate_ratio is not None or w.pstate_monitoring is not None:
         spec.pstate.ratio = w.pstate_ratio or 0.0
-        spec.pstate.monitoring = w.pstate_monitoring == "on"
+        if w.pstate_monitoring is not None:
+            spec.pstate.monitoring = w.pstate_monitoring == "on"
     return spec
 
 
