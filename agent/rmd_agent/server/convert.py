@@ -72,7 +72,7 @@ def workload_from_message(namespace: str, name: str, uid: str, spec: agent_pb2.W
 
 
 def _monitoring(pstate: agent_pb2.PstateRequest | None) -> str | None:
-    """"on", "off", or None when the request leaves it unset (the engine then monitors, as RMD does)."""
+    """ "on", "off", or None when the request leaves it unset (the engine then monitors, as RMD does)."""
     if pstate is None or not pstate.HasField("monitoring"):
         return None
     return "on" if pstate.monitoring else "off"
