@@ -3,7 +3,9 @@
 End-to-end tests and the demo talk to real API semantics: CRD validation, RBAC, resourceVersions, watches,
 and, because kube-controller-manager runs, garbage collection of ownerReferences and namespace deletion.
 The binaries come from tools/build-binaries.sh. Every component runs in its own process group, is stopped
-with SIGTERM then SIGKILL, and is killed by the kernel if this process dies without cleaning up.
+with SIGTERM then SIGKILL, and is killed by the kernel if this process dies without cleaning up. This
+module runs them and issues the certificates and kubeconfigs; the flags of each component and its
+readiness probe are in rmd_sim.control_plane_components.
 
     with ControlPlane(find_bin_dir(), workdir) as cp:
         core = kubernetes.client.CoreV1Api(cp.api_client())
@@ -17,12 +19,10 @@ import base64
 import contextlib
 import ctypes
 import http.client
-import json
 import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -37,7 +37,9 @@ import kubernetes
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from rmd_sim import control_plane_components as components
 from rmd_sim import pki
+from rmd_sim.control_plane_components import Component
 
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 CLUSTER_NAME = "rmd-test"
@@ -64,7 +66,6 @@ CRD_FIELD_MANAGER = "rmd-control-plane"
 
 _STOP_GRACE_SECONDS = 10.0
 _POLL_SECONDS = 0.1
-_PROBE_TIMEOUT_SECONDS = 2.0
 
 
 class BinariesNotFound(RuntimeError):
@@ -221,22 +222,7 @@ def _kill_leftovers() -> None:
         proc.stop(grace=2.0)
 
 
-# --- probes -----------------------------------------------------------------------------------------------
-
-
-def _http_get(port: int, path: str, context: ssl.SSLContext | None = None) -> tuple[int, bytes]:
-    """GET on 127.0.0.1 without any proxy (http.client ignores *_PROXY, which must not apply to loopback)."""
-    conn: http.client.HTTPConnection
-    if context is None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=_PROBE_TIMEOUT_SECONDS)
-    else:
-        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=_PROBE_TIMEOUT_SECONDS, context=context)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
+# --- waiting for a component ------------------------------------------------------------------------------
 
 
 def _wait_until(proc: ManagedProcess, ready: Callable[[], bool], deadline: float, what: str) -> None:
@@ -376,13 +362,23 @@ class ControlPlane:
             etcd_port, etcd_peer_port, apiserver_port, kcm_port, scheduler_port = _free_loopback_ports(5)
             self._apiserver_port = apiserver_port
             self._write_pki()
-            self._start_etcd(etcd_port, etcd_peer_port, deadline)
-            self._start_apiserver(apiserver_port, etcd_port, deadline)
+            self._run(
+                components.etcd(CLUSTER_NAME, self.workdir / "etcd", etcd_port, etcd_peer_port), deadline
+            )
+            self._run(
+                components.kube_apiserver(
+                    self.pki_dir, apiserver_port, etcd_port, self.server_url, SERVICE_CLUSTER_IP_RANGE
+                ),
+                deadline,
+            )
             if self._crds:
                 self.apply_crds(self._crds, timeout=max(1.0, deadline - time.monotonic()))
-            self._start_controller_manager(kcm_port, deadline)
+            self._run(
+                components.kube_controller_manager(self.workdir, self.pki_dir, kcm_port, self._controllers),
+                deadline,
+            )
             if self._scheduler:
-                self._start_scheduler(scheduler_port, deadline)
+                self._run(components.kube_scheduler(self.workdir, self.pki_dir, scheduler_port), deadline)
         except BaseException:
             self.stop()
             raise
@@ -422,7 +418,7 @@ class ControlPlane:
         for proc in self._processes:
             proc.raise_if_exited()
 
-    # -- components
+    # -- certificates and components (rmd_sim.control_plane_components)
 
     def _write_pki(self) -> None:
         self._ca = ca = pki.CertificateAuthority(f"{CLUSTER_NAME}-ca")
@@ -461,116 +457,15 @@ class ControlPlane:
         config = kubeconfig_dict(self.server_url, self._ca.cert_pem, user, client)
         return yaml.safe_dump(config, sort_keys=False).encode()
 
-    def _launch(self, name: str, argv: Sequence[str]) -> ManagedProcess:
-        proc = ManagedProcess(name, [str(self.bin_dir / name), *argv], self.logs_dir / f"{name}.log")
+    def _run(self, component: Component, deadline: float) -> None:
+        """Start the component and wait until its probe says it is up (or the deadline passes)."""
+        name = component.name
+        proc = ManagedProcess(
+            name, [str(self.bin_dir / name), *component.args], self.logs_dir / f"{name}.log"
+        )
         self._processes.append(proc)
         proc.start()
-        return proc
-
-    def _start_etcd(self, port: int, peer_port: int, deadline: float) -> None:
-        client_url, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer_port}"
-        proc = self._launch(
-            "etcd",
-            [
-                f"--name={CLUSTER_NAME}",
-                f"--data-dir={self.workdir / 'etcd'}",
-                f"--listen-client-urls={client_url}",
-                f"--advertise-client-urls={client_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster={CLUSTER_NAME}={peer_url}",
-                # Throw-away data: skipping fsync makes every API write much faster.
-                "--unsafe-no-fsync=true",
-                "--log-level=warn",
-            ],
-        )
-
-        def healthy() -> bool:
-            status, body = _http_get(port, "/health")
-            return status == 200 and json.loads(body).get("health") == "true"
-
-        _wait_until(proc, healthy, deadline, "healthy")
-
-    def _start_apiserver(self, port: int, etcd_port: int, deadline: float) -> None:
-        sa_key = self.pki_dir / "service-account.key"
-        proc = self._launch(
-            "kube-apiserver",
-            [
-                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                "--bind-address=127.0.0.1",
-                # Without it the API server picks the default route's address, and offline CI may have none.
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--tls-cert-file={self.pki_dir / 'apiserver.crt'}",
-                f"--tls-private-key-file={self.pki_dir / 'apiserver.key'}",
-                f"--client-ca-file={self.pki_dir / 'ca.crt'}",
-                # Kubelets are reached at their node address (no DNS for node names here).
-                "--kubelet-preferred-address-types=InternalIP",
-                f"--kubelet-client-certificate={self.pki_dir / 'kubelet-client.crt'}",
-                f"--kubelet-client-key={self.pki_dir / 'kubelet-client.key'}",
-                "--authorization-mode=RBAC",
-                f"--service-account-issuer={self.server_url}",
-                f"--service-account-key-file={sa_key}",
-                f"--service-account-signing-key-file={sa_key}",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                "--allow-privileged=true",
-                "--profiling=false",
-            ],
-        )
-        # /readyz includes RBAC bootstrap and CRD informer sync; anonymous access to it is allowed by default.
-        context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
-        _wait_until(proc, lambda: _http_get(port, "/readyz", context)[0] == 200, deadline, "ready")
-
-    def _start_controller_manager(self, port: int, deadline: float) -> None:
-        kubeconfig = self.workdir / "controller-manager.kubeconfig"
-        proc = self._launch(
-            "kube-controller-manager",
-            [
-                f"--kubeconfig={kubeconfig}",
-                # Client certificates are checked against our CA directly; looking the CA up in the cluster
-                # would log errors for the request-header CA that this API server does not configure.
-                f"--authentication-kubeconfig={kubeconfig}",
-                "--authentication-skip-lookup=true",
-                f"--client-ca-file={self.pki_dir / 'ca.crt'}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                f"--controllers={','.join(self._controllers)}",
-                "--leader-elect=false",
-                # Controllers act with the manager's own credentials instead of per-controller tokens.
-                "--use-service-account-credentials=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={self.workdir / 'controller-manager'}",
-                "--profiling=false",
-            ],
-        )
-        # The secure port serves a self-signed certificate; /healthz is always allowed without credentials.
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        _wait_until(proc, lambda: _http_get(port, "/healthz", context)[0] == 200, deadline, "healthy")
-
-    def _start_scheduler(self, port: int, deadline: float) -> None:
-        # system:kube-scheduler is bound by the API server's bootstrap RBAC to exactly what it needs.
-        kubeconfig = self.workdir / "scheduler.kubeconfig"
-        proc = self._launch(
-            "kube-scheduler",
-            [
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--authentication-skip-lookup=true",
-                f"--client-ca-file={self.pki_dir / 'ca.crt'}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={self.workdir / 'scheduler'}",
-                "--profiling=false",
-            ],
-        )
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        _wait_until(proc, lambda: _http_get(port, "/healthz", context)[0] == 200, deadline, "healthy")
+        _wait_until(proc, component.ready, deadline, component.ready_state)
 
     # -- clients
 

@@ -11,7 +11,8 @@ What it reproduces of the kubelet's devicemanager:
 * every ListAndWatch answer replaces the resource's device list (health and NUMA nodes); when the stream
   ends (the plugin died) its devices turn unhealthy: still in the capacity, out of the allocatable;
 * Allocate (and PreStartContainer when the plugin asks for it) during admission, GetPreferredAllocation
-  when the plugin offers it (rmd_sim.kubelet decides which devices to offer).
+  when the plugin offers it (`preferred_among`: the kubelet's admission, rmd_sim.kubelet_admission, ranks
+  the free devices; those on the container's NUMA nodes are offered when there are enough).
 
 Every call has a deadline except ListAndWatch, which is meant to last.
 """
@@ -217,6 +218,31 @@ class DeviceManager:
         if len(response.container_responses) != 1:
             raise PluginCallFailed(f"GetPreferredAllocation of {resource} answered for the wrong containers")
         return list(response.container_responses[0].deviceIDs)
+
+    async def preferred_among(
+        self, resource: str, candidates: Sequence[Device], count: int, numa: frozenset[int]
+    ) -> list[Device]:
+        """`count` of `candidates` (free devices, best first), as the plugin's GetPreferredAllocation picks
+        them when it offers it; the first `count` otherwise, or when its answer is of no use. Only the
+        candidates on the container's NUMA nodes `numa` are offered, when there are enough of them."""
+        chosen = list(candidates[:count])
+        options = self.options(resource)
+        if options is None or not options.get_preferred_allocation_available:
+            return chosen
+        aligned = [d for d in candidates if d.numa_nodes and d.numa_nodes <= numa]
+        offer = aligned if len(aligned) >= count else candidates
+        try:
+            ids = await self.preferred(resource, [d.id for d in offer], [], count)
+        except PluginCallFailed as exc:
+            log.warning("ignoring the preferred allocation of %s: %s", resource, exc)
+            return chosen
+        by_id = {d.id: d for d in offer}
+        if len(set(ids)) != count or not all(i in by_id for i in ids):
+            log.warning(
+                "ignoring the preferred allocation of %s: %s is not %d offered devices", resource, ids, count
+            )
+            return chosen
+        return [by_id[i] for i in ids]
 
     async def allocate(self, resource: str, ids: Sequence[str]) -> dict[str, str]:
         """The environment the plugin wants the container to have for devices `ids`."""

@@ -1,36 +1,20 @@
-"""A simulated kubelet: pods on one node, the static CPU manager, the PodResources v1 gRPC server and
-`cpu_manager_state`.
+"""A simulated kubelet: pods on one node and what its resource managers give them, `cpu_manager_state`, the
+pods' cgroups and log directories, and the PodResources v1 gRPC server.
 
-What it reproduces (reference notes numa-topology-podresources.md §1, §2):
+The parts live apart: what admission decides (QoS, static CPU manager, topology manager single-numa-node,
+device choice) is pure, in rmd_sim.kubelet_admission; the gRPC server is rmd_sim.kubelet_podresources; the
+device plugin side is rmd_sim.devicemanager. This module holds the node's state and what the kubelet does
+with it:
 
-* QoS classes computed like Kubernetes (only cpu and memory count): Guaranteed when every container has
-  cpu and memory limits and its requests equal them (a missing request defaults to the limit, as the API
-  server does); BestEffort when no container sets any; Burstable otherwise.
-* Exclusive CPUs, via rmd_sim.cpumanager, only for containers of Guaranteed pods with an integer CPU
-  request, and only with the `static` policy. Everything else shares the pool. A pod that cannot get its
-  CPUs or devices is rejected (add_pod raises) and leaves no trace, like a failed kubelet admission.
-* The topology manager's `single-numa-node` policy (scope container; `topologyManagerPolicy` of the tree's
-  kubelet config, default `none`): a container's exclusive CPUs and its devices that report a NUMA node
-  must all come from one NUMA node with enough of each free (the lowest such node, as the kubelet's
-  narrowest-hint rule picks it). When none has them, the pod is rejected with the kubelet's reason
-  `TopologyAffinityError` and message "Resources cannot be allocated with Topology locality", and nothing
-  is allocated. The other policies (`best-effort`, `restricted`) and scope `pod` are not modelled: they
-  admit like `none`.
 * Device-plugin resources: from a static pool (`devices`) or, with `device_plugins=True`, from real device
   plugins that register on `<root>/var/lib/kubelet/device-plugins/kubelet.sock` (rmd_sim.devicemanager).
-  Healthy devices not yet held are handed out, those on the NUMA nodes of the container's CPUs first (the
-  plugin's GetPreferredAllocation picks among them when it offers it); `admit_pod` then calls the plugin's
-  Allocate and keeps the environment it answers on the pod (`SimPod.envs`). Extended resources without
-  a device pool are kept on the pod but never reported: the kubelet only reports device-plugin devices.
-* PodResourcesLister: List = every pod added and not removed (the active pods), containers' `cpu_ids`
-  only the exclusive CPUs; GetAllocatableResources = online CPUs minus the reserved set (empty with
-  policy `none`) and all devices; Get = one pod, else the error "pod <name> in namespace <ns> not found".
-  The real kubelet returns that as a plain Go error (status UNKNOWN); here the status is NOT_FOUND unless
-  `not_found_code` says otherwise. `get_enabled=False` (`--get-disabled`; an attribute tests may flip
-  while it serves, like a kubelet restarted with other gates) answers Get like a 1.27-1.35 kubelet whose
-  KubeletPodResourcesGet gate is off: status UNKNOWN, "PodResources API Get method disabled". The
-  kubelet's rate limit (100 qps, burst 10, RESOURCE_EXHAUSTED "rejected by rate limit") applies. No memory
-  manager: memory blocks are never reported.
+  `admit_pod` lets the plugin's GetPreferredAllocation pick among the candidates when it offers it, then
+  calls the plugin's Allocate and keeps the environment it answers on the pod (`SimPod.envs`); `add_pod`
+  asks no plugin. A pod that cannot get its CPUs or devices is rejected (AdmissionError) and leaves no
+  trace, like a failed kubelet admission.
+* The CPU and topology manager policies: `cpuManagerPolicy` and `topologyManagerPolicy` of the tree's
+  kubelet config (defaults `static` and `none`), or the arguments; `topology_manager_policy` is an attribute
+  tests may change while it runs.
 * `<root>/var/lib/kubelet/cpu_manager_state` (v2 format, valid checksum), rewritten after every change
   through a temp file in the same directory, fsync and rename, as the kubelet's checkpoint manager does.
 * What the kubelet makes on the node for an admitted pod: its cgroup, under the parent of its QoS class, in
@@ -39,8 +23,10 @@ What it reproduces (reference notes numa-topology-podresources.md §1, §2):
   kubepods-pod<uid_>.slice`, `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_>.slice`,
   ...), and its log directory `var/log/pods/<namespace>_<name>_<uid>/<container>/`. Both go with the pod.
   A tree without a pod root gets no cgroups (the real kubelet would not start).
-
-Tests can freeze the server with `stall()` / `resume()` to exercise client deadlines.
+* PodResources (rmd_sim.kubelet_podresources) while started: the Get status for an unknown pod is NOT_FOUND
+  unless `not_found_code` says otherwise, `get_enabled=False` (`--get-disabled`) answers Get like a kubelet
+  whose KubeletPodResourcesGet gate is off; both are attributes tests may flip while it serves. Tests can
+  freeze the server with `stall()` / `resume()` to exercise client deadlines.
 """
 
 from __future__ import annotations
@@ -52,24 +38,32 @@ import os
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import grpc
-import grpc.aio
 import yaml
 
 from rmd_api.cpuset import format_cpu_list, parse_cpu_list
 from rmd_api.kubelet.checkpoint import encode_cpu_manager_state_v2
-from rmd_api.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 from rmd_sim import cpumanager
 from rmd_sim.cpumanager import Cpu, Topology
 from rmd_sim.devicemanager import PLUGIN_DIR_REL, Device, DeviceManager, PluginCallFailed
+from rmd_sim.kubelet_admission import (
+    AdmissionError,
+    AdmissionNode,
+    ContainerSpec,
+    CpuManagerPolicy,
+    PodAdmission,
+    QoS,
+    SimPod,
+    exclusive_assignments,
+    parse_quantity,
+    qos_class,
+)
+from rmd_sim.kubelet_podresources import PodResourcesServer, unix_address
 
 log = logging.getLogger(__name__)
 
@@ -78,108 +72,6 @@ STATE_REL = "var/lib/kubelet/cpu_manager_state"
 CONFIG_REL = "var/lib/kubelet/config.yaml"
 CGROUP_REL = "sys/fs/cgroup"
 POD_LOGS_REL = "var/log/pods"
-MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
-
-CpuManagerPolicy = Literal["static", "none"]
-SINGLE_NUMA_NODE = "single-numa-node"
-# The kubelet's topology manager rejection (pkg/kubelet/cm/topologymanager: TopologyAffinityError).
-TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
-TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
-QoS = Literal["Guaranteed", "Burstable", "BestEffort"]
-
-_add_servicer: Any = api_pb2_grpc.add_PodResourcesListerServicer_to_server  # generated without annotations
-
-
-# --- quantities and QoS (pure) ---
-
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
-_SUFFIX: dict[str | None, Fraction] = {
-    None: Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    **{s: Fraction(1024 ** (i + 1)) for i, s in enumerate(["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"])},
-}
-
-
-def parse_quantity(text: str | int) -> Fraction:
-    """A Kubernetes resource quantity ("500m", "2", "1.5", "4Gi", "1e3") as an exact number."""
-    match = _QUANTITY.match(str(text).strip())
-    if match is None:
-        raise ValueError(f"invalid resource quantity {text!r}")
-    number: str = match.group(1)
-    suffix: str | None = match.group(2)
-    return Fraction(number) * _SUFFIX[suffix]
-
-
-@dataclass(frozen=True)
-class ContainerSpec:
-    """A container's resources as in a pod spec; None means "not set". `resources`: extended resources."""
-
-    name: str
-    cpu_request: str | None = None
-    cpu_limit: str | None = None
-    memory_request: str | None = None
-    memory_limit: str | None = None
-    resources: Mapping[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, spec: ContainerSpec | Sequence[Any]) -> ContainerSpec:
-        """Accept a ContainerSpec or a tuple (name, cpu request, cpu limit, memory, extended resources).
-
-        In the tuple form `memory` is both request and limit, and the trailing items may be left out.
-        """
-        if isinstance(spec, ContainerSpec):
-            return spec
-        if not 1 <= len(spec) <= 5:
-            raise ValueError(f"container {spec!r}: expected (name, cpu request, cpu limit, memory, extras)")
-        name, cpu_request, cpu_limit, memory, resources = (*spec, None, None, None, None)[:5]
-        return cls(str(name), cpu_request, cpu_limit, memory, memory, dict(resources or {}))
-
-    def effective(self, resource: Literal["cpu", "memory"]) -> tuple[Fraction | None, Fraction | None]:
-        """(request, limit) after the API server's defaulting: a missing request takes the limit.
-
-        Zero counts as unset, as in Kubernetes' QoS computation.
-        """
-        raw_request, raw_limit = (
-            (self.cpu_request, self.cpu_limit)
-            if resource == "cpu"
-            else (self.memory_request, self.memory_limit)
-        )
-        limit = parse_quantity(raw_limit) if raw_limit is not None else None
-        request = parse_quantity(raw_request) if raw_request is not None else limit
-        return (request or None, limit or None)
-
-
-_QOS_RESOURCES: tuple[Literal["cpu", "memory"], ...] = ("cpu", "memory")
-
-
-def qos_class(containers: Iterable[ContainerSpec]) -> QoS:
-    """The pod's QoS class, from cpu and memory only (as Kubernetes' GetPodQOS)."""
-    any_set = False
-    guaranteed = True
-    for container in containers:
-        for resource in _QOS_RESOURCES:
-            request, limit = container.effective(resource)
-            any_set = any_set or request is not None or limit is not None
-            guaranteed = guaranteed and limit is not None and request == limit
-    if not any_set:
-        return "BestEffort"
-    return "Guaranteed" if guaranteed else "Burstable"
-
-
-def exclusive_cpu_count(qos: QoS, container: ContainerSpec) -> int:
-    """CPUs the static policy pins for the container: its integer CPU request in a Guaranteed pod, else 0."""
-    request, _ = container.effective("cpu")
-    if qos != "Guaranteed" or request is None or request.denominator != 1:
-        return 0
-    return int(request)
 
 
 # --- host tree ---
@@ -269,30 +161,20 @@ def pod_log_dir(host_root: Path, pod: SimPod) -> Path:
     return Path(host_root) / POD_LOGS_REL / f"{pod.namespace}_{pod.name}_{pod.uid}"
 
 
-# --- the node model ---
+def make_pod_dirs(host_root: Path, pod: SimPod) -> None:
+    """The pod's cgroups (with an empty cgroup.procs) and its containers' log directories."""
+    for directory in pod_cgroup_dirs(host_root, pod.uid, pod.qos):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "cgroup.procs").touch()
+    logs = pod_log_dir(host_root, pod)
+    for spec in pod.containers:
+        (logs / spec.name).mkdir(parents=True, exist_ok=True)
 
 
-@dataclass
-class SimPod:
-    namespace: str
-    name: str
-    uid: str
-    containers: tuple[ContainerSpec, ...]
-    qos: QoS
-    cpus: dict[str, frozenset[int]] = field(default_factory=dict)  # exclusive CPUs by container
-    devices: dict[str, dict[str, tuple[Device, ...]]] = field(default_factory=dict)  # container -> resource
-    envs: dict[str, dict[str, str]] = field(default_factory=dict)  # container -> what device plugins set
-    numa: dict[str, int] = field(default_factory=dict)  # container -> its NUMA node (single-numa-node)
-
-
-class AdmissionError(ValueError):
-    """The pod cannot be admitted (not enough exclusive CPUs or devices, duplicate uid or name).
-
-    `reason` is the pod status reason the kubelet gives such a rejection."""
-
-    def __init__(self, message: str, reason: str = "UnexpectedAdmissionError") -> None:
-        super().__init__(message)
-        self.reason = reason
+def remove_pod_dirs(host_root: Path, pod: SimPod) -> None:
+    for directory in pod_cgroup_dirs(host_root, pod.uid, pod.qos):
+        shutil.rmtree(directory, ignore_errors=True)
+    shutil.rmtree(pod_log_dir(host_root, pod), ignore_errors=True)
 
 
 class SimKubelet:
@@ -335,13 +217,11 @@ class SimKubelet:
         self._admission = asyncio.Lock()
         self.socket_path = Path(socket_path) if socket_path else self.host_root / SOCKET_REL
         self.state_path = self.host_root / STATE_REL
+        # Read by the server at every call (PodSource).
         self.not_found_code = not_found_code
         self.get_enabled = get_enabled
         self._pods: dict[str, SimPod] = {}
-        self._limiter = _TokenBucket(*rate_limit) if rate_limit else None
-        self._resumed = asyncio.Event()
-        self._resumed.set()
-        self._server: grpc.aio.Server | None = None
+        self._podresources = PodResourcesServer(self, self.socket_path, rate_limit)
 
     @classmethod
     def from_host_tree(
@@ -385,7 +265,7 @@ class SimKubelet:
 
     def assignments(self) -> dict[tuple[str, str], frozenset[int]]:
         """Exclusive CPUs keyed by (pod uid, container name)."""
-        return {(pod.uid, name): cpus for pod in self._pods.values() for name, cpus in pod.cpus.items()}
+        return exclusive_assignments(self._pods.values())
 
     def shared_pool(self) -> frozenset[int]:
         """The defaultCpuSet: all CPUs minus exclusive ones (reserved included); empty with policy none."""
@@ -402,7 +282,7 @@ class SimKubelet:
         if pod is None:
             raise KeyError(f"no pod with uid {uid}")
         self.write_state()
-        self._remove_pod_dirs(pod)
+        remove_pod_dirs(self.host_root, pod)
         log.info("removed pod %s/%s", pod.namespace, pod.name)
 
     def find_pod(self, namespace: str, name: str) -> SimPod | None:
@@ -446,19 +326,10 @@ class SimKubelet:
         """Admit a pod: pin CPUs and devices, rewrite cpu_manager_state. On AdmissionError nothing changes.
 
         No device plugin is called (admit_pod does that)."""
-        pod = self._plan_pod(namespace, name, uid, containers)
-        used = self._used_devices()
-        for spec in pod.containers:
-            for resource, count in self._device_requests(spec):
-                self._grant(
-                    pod,
-                    spec,
-                    resource,
-                    self._device_candidates(pod, spec, resource, count, used)[:count],
-                    used,
-                )
-        self._commit(pod)
-        return pod
+        admission = self._admission_for(namespace, name, uid, containers)
+        admission.assign_devices()
+        self._commit(admission.pod)
+        return admission.pod
 
     async def admit_pod(
         self, namespace: str, name: str, uid: str, containers: Iterable[ContainerSpec | Sequence[Any]]
@@ -467,91 +338,36 @@ class SimKubelet:
         then Allocate (and PreStartContainer if the plugin asks for it) per container and resource. A
         failed call rejects the pod. One admission at a time, as the kubelet does."""
         async with self._admission:
-            pod = self._plan_pod(namespace, name, uid, containers)
-            used = self._used_devices()
-            for spec in pod.containers:
-                for resource, count in self._device_requests(spec):
-                    candidates = self._device_candidates(pod, spec, resource, count, used)
-                    chosen = await self._preferred(resource, candidates, count, self._numa_of(pod, spec))
-                    self._grant(pod, spec, resource, chosen, used)
-            await self._allocate(pod)
-            self._commit(pod)
-            return pod
+            admission = self._admission_for(namespace, name, uid, containers)
+            for spec, resource, count in admission.device_requests():
+                candidates = admission.candidates(spec, resource, count)
+                chosen = candidates[:count]
+                if self.device_manager is not None:
+                    numa = admission.numa_of(spec)
+                    chosen = await self.device_manager.preferred_among(resource, candidates, count, numa)
+                admission.grant(spec, resource, chosen)
+            await self._allocate(admission.pod)
+            self._commit(admission.pod)
+            return admission.pod
 
-    def _plan_pod(
+    def _admission_for(
         self, namespace: str, name: str, uid: str, containers: Iterable[ContainerSpec | Sequence[Any]]
-    ) -> SimPod:
-        """A new pod with its exclusive CPUs (and, with single-numa-node, each container's NUMA node)
-        chosen; nothing is recorded yet."""
-        if uid in self._pods:
-            raise AdmissionError(f"pod uid {uid} already exists")
-        if any(p.namespace == namespace and p.name == name for p in self._pods.values()):
-            raise AdmissionError(f"pod {name} already exists in namespace {namespace}")
-        specs = tuple(ContainerSpec.of(c) for c in containers)
-        pod = SimPod(namespace, name, uid, specs, qos_class(specs))
-        assigned = self.assignments()
-        claimed: dict[tuple[str, int], int] = {}  # (resource, NUMA node) -> devices earlier containers take
-        for spec in specs:
-            count = exclusive_cpu_count(pod.qos, spec) if self.policy == "static" else 0
-            reserved = self.reserved
-            if self.topology_manager_policy == SINGLE_NUMA_NODE:
-                node = self._single_numa_node(spec, count, assigned, claimed)
-                if node is not None:
-                    pod.numa[spec.name] = node
-                    reserved = reserved | (self.topology.ids - self.topology.numa_nodes[node])
-            if count:
-                try:
-                    cpus = cpumanager.allocate(self.topology, reserved, assigned, count)
-                except cpumanager.NotEnoughCpus as exc:
-                    raise AdmissionError(f"pod {namespace}/{name} container {spec.name}: {exc}") from exc
-                pod.cpus[spec.name] = cpus
-                assigned[(uid, spec.name)] = cpus
-        return pod
-
-    def _single_numa_node(
-        self,
-        spec: ContainerSpec,
-        cpus: int,
-        assigned: Mapping[tuple[str, str], frozenset[int]],
-        claimed: dict[tuple[str, int], int],
-    ) -> int | None:
-        """The NUMA node the topology manager (single-numa-node) aligns the container to: the lowest one with
-        `cpus` free exclusive CPUs and enough free devices of each requested resource that reports NUMA
-        nodes. None when nothing of the container cares about NUMA (shared CPUs, no such devices).
-        AdmissionError (TopologyAffinityError) when no node has it all."""
-        used = self._used_devices()
-        wanted = {
-            resource: count
-            for resource, count in self._device_requests(spec)
-            if any(d.numa_nodes for d in self.devices[resource])
-        }
-        if not cpus and not wanted:
-            return None
-        free_cpus = cpumanager.free_cpus(self.topology, self.reserved, assigned)
-
-        def fits(node: int) -> bool:
-            if cpus and len(free_cpus & self.topology.numa_nodes[node]) < cpus:
-                return False
-            for resource, count in wanted.items():
-                # A device counts for a NUMA node it is attached to (the device manager's hint rule).
-                near = [
-                    d for d in self.devices[resource] if node in d.numa_nodes and (resource, d.id) not in used
-                ]
-                if len(near) - claimed.get((resource, node), 0) < count:
-                    return False
-            return True
-
-        node = next((n for n in sorted(self.topology.numa_nodes) if fits(n)), None)
-        if node is None:
-            raise AdmissionError(TOPOLOGY_AFFINITY_MESSAGE, reason=TOPOLOGY_AFFINITY_ERROR)
-        for resource, count in wanted.items():
-            claimed[(resource, node)] = claimed.get((resource, node), 0) + count
-        return node
+    ) -> PodAdmission:
+        """The pod's admission against the node as it is now, its CPUs chosen; nothing is recorded yet."""
+        node = AdmissionNode(
+            self.topology,
+            self.reserved,
+            self.policy,
+            self.topology_manager_policy,
+            self._pods,
+            lambda: self.devices,
+        )
+        return PodAdmission(node, namespace, name, uid, containers)
 
     def _commit(self, pod: SimPod) -> None:
         self._pods[pod.uid] = pod
         self.write_state()
-        self._make_pod_dirs(pod)
+        make_pod_dirs(self.host_root, pod)
         log.info(
             "admitted pod %s/%s (%s), exclusive cpus %s, devices %s",
             pod.namespace,
@@ -560,74 +376,6 @@ class SimKubelet:
             {c: format_cpu_list(cpus) for c, cpus in pod.cpus.items()} or "none",
             {c: {r: [d.id for d in ds] for r, ds in res.items()} for c, res in pod.devices.items()} or "none",
         )
-
-    def _used_devices(self) -> set[tuple[str, str]]:
-        """(resource, device id) of every device a pod holds."""
-        return {
-            (resource, d.id)
-            for p in self._pods.values()
-            for per_resource in p.devices.values()
-            for resource, devs in per_resource.items()
-            for d in devs
-        }
-
-    def _device_requests(self, spec: ContainerSpec) -> list[tuple[str, int]]:
-        pools = self.devices
-        return [(r, n) for r, n in sorted(spec.resources.items()) if r in pools and n > 0]
-
-    def _device_candidates(
-        self, pod: SimPod, spec: ContainerSpec, resource: str, count: int, used: set[tuple[str, str]]
-    ) -> list[Device]:
-        """Free healthy devices, those near the container's CPUs first (the topology hint's preference)."""
-        free = [d for d in self.devices[resource] if (resource, d.id) not in used]
-        if len(free) < count:
-            raise AdmissionError(
-                f"pod {pod.namespace}/{pod.name} container {spec.name}: requested number of devices "
-                f"unavailable for {resource}. Requested: {count}, Available: {len(free)}"
-            )
-        numa = self._numa_of(pod, spec)
-        free.sort(key=lambda d: (not (d.numa_nodes and d.numa_nodes <= numa), not d.numa_nodes & numa))
-        return free
-
-    def _numa_of(self, pod: SimPod, spec: ContainerSpec) -> frozenset[int]:
-        """The NUMA nodes the container's devices should come from: its aligned node, else its CPUs' nodes."""
-        if spec.name in pod.numa:
-            return frozenset({pod.numa[spec.name]})
-        return frozenset(self.topology.cpu(c).numa for c in pod.cpus.get(spec.name, ()))
-
-    async def _preferred(
-        self, resource: str, candidates: list[Device], count: int, numa: frozenset[int]
-    ) -> list[Device]:
-        chosen = candidates[:count]
-        manager = self.device_manager
-        options = manager.options(resource) if manager is not None else None
-        if manager is None or options is None or not options.get_preferred_allocation_available:
-            return chosen
-        aligned = [d for d in candidates if d.numa_nodes and d.numa_nodes <= numa]
-        offer = aligned if len(aligned) >= count else candidates
-        try:
-            ids = await manager.preferred(resource, [d.id for d in offer], [], count)
-        except PluginCallFailed as exc:
-            log.warning("ignoring the preferred allocation of %s: %s", resource, exc)
-            return chosen
-        by_id = {d.id: d for d in offer}
-        if len(set(ids)) != count or not all(i in by_id for i in ids):
-            log.warning(
-                "ignoring the preferred allocation of %s: %s is not %d offered devices", resource, ids, count
-            )
-            return chosen
-        return [by_id[i] for i in ids]
-
-    def _grant(
-        self,
-        pod: SimPod,
-        spec: ContainerSpec,
-        resource: str,
-        devices: Sequence[Device],
-        used: set[tuple[str, str]],
-    ) -> None:
-        pod.devices.setdefault(spec.name, {})[resource] = tuple(devices)
-        used.update((resource, d.id) for d in devices)
 
     async def _allocate(self, pod: SimPod) -> None:
         manager = self.device_manager
@@ -649,21 +397,6 @@ class SimKubelet:
                         f"Allocate failed due to {exc}, which is unexpected"
                     ) from exc
 
-    # --- the pod's cgroup and log directory ---
-
-    def _make_pod_dirs(self, pod: SimPod) -> None:
-        for directory in pod_cgroup_dirs(self.host_root, pod.uid, pod.qos):
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / "cgroup.procs").touch()
-        logs = pod_log_dir(self.host_root, pod)
-        for spec in pod.containers:
-            (logs / spec.name).mkdir(parents=True, exist_ok=True)
-
-    def _remove_pod_dirs(self, pod: SimPod) -> None:
-        for directory in pod_cgroup_dirs(self.host_root, pod.uid, pod.qos):
-            shutil.rmtree(directory, ignore_errors=True)
-        shutil.rmtree(pod_log_dir(self.host_root, pod), ignore_errors=True)
-
     # --- cpu_manager_state ---
 
     def write_state(self) -> None:
@@ -680,26 +413,16 @@ class SimKubelet:
     # --- server ---
 
     def stall(self) -> None:
-        """Hold every call until resume(); clients see their deadline expire."""
-        self._resumed.clear()
+        """Hold every PodResources call until resume(); clients see their deadline expire."""
+        self._podresources.stall()
 
     def resume(self) -> None:
-        self._resumed.set()
+        self._podresources.resume()
 
     async def start(self) -> None:
-        path = str(self.socket_path.absolute())
-        if len(path.encode()) > MAX_UNIX_PATH:
-            raise ValueError(f"unix socket path is {len(path.encode())} bytes, over {MAX_UNIX_PATH}: {path}")
+        unix_address(self.socket_path)  # a path too long fails before anything is written
         self.write_state()
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        self.socket_path.unlink(missing_ok=True)  # a stale socket from a previous run, as the kubelet does
-        server = grpc.aio.server()
-        _add_servicer(_Servicer(self), server)
-        if server.add_insecure_port(f"unix://{path}") == 0:
-            raise OSError(f"cannot listen on {path}")
-        await server.start()
-        self._server = server
-        log.info("simulated kubelet serving PodResources on %s", path)
+        await self._podresources.start()
         if self.device_manager is not None:
             await self.device_manager.start()
 
@@ -708,10 +431,7 @@ class SimKubelet:
         self.resume()  # let stalled calls finish (or be cancelled) instead of hanging shutdown
         if self.device_manager is not None:
             await self.device_manager.stop()
-        if self._server is not None:
-            await self._server.stop(grace)
-            self._server = None
-        self.socket_path.unlink(missing_ok=True)
+        await self._podresources.stop(grace)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -722,94 +442,28 @@ class SimKubelet:
     ) -> None:
         await self.stop()
 
-    # --- answers (protobuf), used by the servicer ---
 
-    def _device_messages(self, devices: Mapping[str, Iterable[Device]]) -> list[api_pb2.ContainerDevices]:
-        # One entry per (device, NUMA node), as the kubelet's containerDevicesFromResourceDeviceInstances.
-        return [
-            api_pb2.ContainerDevices(
-                resource_name=resource,
-                device_ids=[d.id],
-                topology=None if node is None else api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=node)]),
-            )
-            for resource, devs in sorted(devices.items())
-            for d in devs
-            for node in (*sorted(d.numa_nodes),) or (None,)
-        ]
-
-    def _pod_message(self, pod: SimPod) -> api_pb2.PodResources:
-        return api_pb2.PodResources(
-            name=pod.name,
-            namespace=pod.namespace,
-            containers=[
-                api_pb2.ContainerResources(
-                    name=spec.name,
-                    cpu_ids=sorted(pod.cpus.get(spec.name, ())),
-                    devices=self._device_messages(pod.devices.get(spec.name, {})),
-                )
-                for spec in pod.containers
-            ],
-        )
-
-    async def _admit_call(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await self._resumed.wait()
-        if self._limiter is not None and not self._limiter.take():
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
-
-
-class _TokenBucket:
-    """The kubelet's PodResources limiter: `qps` tokens per second, at most `burst` saved up."""
-
-    def __init__(self, qps: float, burst: int) -> None:
-        self.qps = qps
-        self.burst = burst
-        self.tokens = float(burst)
-        self.stamp = time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.qps)
-        self.stamp = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
-
-
-class _Servicer:
-    """PodResourcesLister over a SimKubelet (the generated base class is untyped, so it is not subclassed)."""
-
-    def __init__(self, kubelet: SimKubelet) -> None:
-        self.kubelet = kubelet
-
-    async def List(  # gRPC method names
-        self, request: api_pb2.ListPodResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> api_pb2.ListPodResourcesResponse:
-        await self.kubelet._admit_call(context)
-        return api_pb2.ListPodResourcesResponse(
-            pod_resources=[self.kubelet._pod_message(p) for p in self.kubelet.pods]
-        )
-
-    async def GetAllocatableResources(
-        self, request: api_pb2.AllocatableResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> api_pb2.AllocatableResourcesResponse:
-        await self.kubelet._admit_call(context)
-        return api_pb2.AllocatableResourcesResponse(
-            cpu_ids=sorted(self.kubelet.allocatable_cpus()),
-            devices=self.kubelet._device_messages(self.kubelet.devices),
-        )
-
-    async def Get(
-        self, request: api_pb2.GetPodResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> api_pb2.GetPodResourcesResponse:
-        await self.kubelet._admit_call(context)
-        if not self.kubelet.get_enabled:  # the KubeletPodResourcesGet gate is off (default before 1.34)
-            await context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
-        pod = self.kubelet.find_pod(request.pod_namespace, request.pod_name)
-        if pod is None:
-            await context.abort(
-                self.kubelet.not_found_code,
-                f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
-            )
-        assert pod is not None  # abort raises
-        return api_pb2.GetPodResourcesResponse(pod_resources=self.kubelet._pod_message(pod))
+# The pod model lives in rmd_sim.kubelet_admission (Device in rmd_sim.devicemanager); callers know it as this
+# module's, with the kubelet that admits the pods.
+__all__ = [
+    "CGROUP_REL",
+    "CONFIG_REL",
+    "POD_LOGS_REL",
+    "SOCKET_REL",
+    "STATE_REL",
+    "AdmissionError",
+    "ContainerSpec",
+    "CpuManagerPolicy",
+    "Device",
+    "SimKubelet",
+    "SimPod",
+    "make_pod_dirs",
+    "parse_quantity",
+    "pod_cgroup_dirs",
+    "pod_log_dir",
+    "qos_class",
+    "read_kubelet_config",
+    "read_topology",
+    "remove_pod_dirs",
+    "write_atomically",
+]

@@ -11,7 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from rmd_agent.nrt.fingerprint import fingerprint
-from rmd_sim.kubelet import parse_quantity
+from rmd_sim.kubelet_admission import parse_quantity
 
 Obj = Mapping[str, Any]
 

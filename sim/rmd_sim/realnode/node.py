@@ -17,7 +17,8 @@ stays under `workdir`:
     pod-logs/  cni/  logs/{containerd,kubelet}.log       pod logs, CNI config and leases, component logs
 
 The kubelet runs the static CPU manager with CPU 0 reserved (systemReserved cpu 100m), the topology
-manager `single-numa-node` (scope container), and device plugins. Whatever it changes on the host itself
+manager `single-numa-node` (scope container), and device plugins; the configuration files of containerd,
+CNI and the kubelet are rmd_sim.realnode.configs'. Whatever it changes on the host itself
 (sysctls, kubepods cgroups, mounts, /var/lib/kubelet, /var/log/containers) is recorded before the start
 and undone by `stop()` or by an interrupted run's successor (`host_state.restore_stale`), and checked by
 `host_differences()`.
@@ -45,11 +46,9 @@ from rmd_sim.control_plane import (
     find_bin_dir,
 )
 from rmd_sim.netns import AgentNetwork, can_create_namespaces
-from rmd_sim.realnode import host_state, images
+from rmd_sim.realnode import configs, host_state, images
+from rmd_sim.realnode.configs import CNI_BIN_DIR, POD_SUBNET
 
-CNI_BIN_DIR = Path("/usr/lib/cni")
-POD_SUBNET = "10.249.0.0/24"  # inside the node's own network namespace only
-BRIDGE = "rmdbr0"
 REQUIRED_PROGRAMS = ("containerd", "runc", "ctr", "iptables", "nsenter")
 
 
@@ -287,60 +286,16 @@ class RealNode:
             "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", POD_SUBNET, "-o", "eth0", "-j", "MASQUERADE"
         )
         net.write_kubeconfig(self.control_plane.kubeconfig, self.workdir / "kubelet.kubeconfig")
-        conflist = {
-            "cniVersion": "1.0.0",
-            "name": "rmd-realnode",
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": BRIDGE,
-                    "isGateway": True,
-                    "ipMasq": False,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [[{"subnet": POD_SUBNET}]],
-                        "routes": [{"dst": "0.0.0.0/0"}],
-                        "dataDir": str(self.workdir / "cni" / "ipam"),
-                    },
-                }
-            ],
-        }
+        conflist = configs.cni_conflist(self.workdir / "cni" / "ipam")
         (self.workdir / "cni" / "conf").mkdir(parents=True, exist_ok=True)
         (self.workdir / "cni" / "conf" / "10-rmd.conflist").write_text(json.dumps(conflist, indent=2))
 
     def _start_containerd(self, timeout: float) -> None:
         assert self.network is not None
         base = self.workdir / "containerd"
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        config = f"""version = 2
-root = "{base / "root"}"
-state = "{base / "state"}"
-# Plugins that would write outside this directory or are of no use here.
-disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp"]
-
-[grpc]
-  address = "{self.containerd_address}"
-[ttrpc]
-  address = "{self.containerd_address}.ttrpc"
-
-[{cri}]
-  sandbox_image = "{self.sandbox_image}"
-  # runc cannot lower oom_score_adj here (no CAP_SYS_RESOURCE in the bounding set): every sandbox would fail.
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  [{cri}.containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [{cri}.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [{cri}.containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [{cri}.cni]
-    bin_dir = "{CNI_BIN_DIR}"
-    conf_dir = "{self.workdir / "cni" / "conf"}"
-"""
+        config = configs.containerd_config(
+            base, self.containerd_address, self.sandbox_image, self.workdir / "cni" / "conf"
+        )
         (base / "config.toml").write_text(config)
         argv = [*self.network.exec_prefix(), "containerd", f"--config={base / 'config.toml'}"]
         self.containerd = ManagedProcess("containerd", argv, self.logs_dir / "containerd.log")
@@ -354,45 +309,15 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
     def kubelet_configuration(self) -> dict[str, Any]:
         """The KubeletConfiguration this node runs (reference: real-kubelet.md, "Kubelet configuration")."""
-        config: dict[str, Any] = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
+        return configs.kubelet_configuration(
             # Inside the node's namespace: the API server reaches it there (logs, exec) through the veth.
-            "address": self.network.address if self.network else "127.0.0.1",
-            "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
-            "authentication": {
-                "anonymous": {"enabled": False},
-                "webhook": {"enabled": True},
-                "x509": {"clientCAFile": str(self.control_plane.pki_dir / "ca.crt")},
-            },
-            "authorization": {"mode": "Webhook"},
-            "containerRuntimeEndpoint": f"unix://{self.containerd_address}",
-            "cgroupDriver": "cgroupfs",
-            "cgroupsPerQOS": True,
-            "enforceNodeAllocatable": ["pods"],
-            "failCgroupV1": False,  # these machines run cgroup v1; kubelets since 1.35 refuse it otherwise
-            "failSwapOn": False,
-            "oomScoreAdj": 0,  # the default -999 cannot be set here
-            "cpuManagerPolicy": "static",
-            # The static policy reserves whole CPUs, the lowest-numbered first: 100m reserves CPU 0 for the
-            # shared pool and leaves CPU 1 for exclusive use. (reservedSystemCPUs: "0" reserves the same CPU
-            # but takes a whole CPU from the node's allocatable too: on 2 CPUs a 1-CPU pod would not fit
-            # beside the chart's own pods.)
-            "systemReserved": {"cpu": self.system_reserved_cpu},
-            "topologyManagerPolicy": "single-numa-node",
-            "topologyManagerScope": "container",
-            "resolvConf": "/etc/resolv.conf",
-            "podLogsDir": str(self.pod_logs_dir),
-            # A shared build machine: never evict test pods for disk or memory pressure, never collect images.
-            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "clusterDomain": "cluster.local",
-        }
-        if self.feature_gates:
-            config["featureGates"] = dict(self.feature_gates)
-        return config
+            address=self.network.address if self.network else "127.0.0.1",
+            client_ca_file=self.control_plane.pki_dir / "ca.crt",
+            containerd_address=self.containerd_address,
+            system_reserved_cpu=self.system_reserved_cpu,
+            pod_logs_dir=self.pod_logs_dir,
+            feature_gates=self.feature_gates,
+        )
 
     def _write_kubelet_files(self) -> None:
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)
