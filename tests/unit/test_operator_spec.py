@@ -68,10 +68,11 @@ def test_memory_bandwidth_in_either_unit(unit: str, value: int) -> None:
     assert getattr(spec.mba, unit) == value
 
 
-def test_pstate_ratio_alone_leaves_monitoring_off() -> None:
+def test_pstate_ratio_alone_leaves_monitoring_unset() -> None:
+    # Unset, not off: the agent then monitors, as RMD does (docs/pstate.md).
     spec = workload_spec({"coreIds": ["1"], "plugins": {"pstate": {"ratio": "1.5"}}})
     assert spec.pstate.ratio == 1.5
-    assert spec.pstate.monitoring is False
+    assert not spec.pstate.HasField("monitoring")
 
 
 @pytest.mark.parametrize(
