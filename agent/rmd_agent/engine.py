@@ -316,7 +316,7 @@ class NodeEngine:
             log.warning("%s", self._not_ready)
             raise EngineUnavailable(self._not_ready) from exc
         for key, rejection in result.rejected.items():
-            log.error("workload %s from the registry cannot be enforced: %s", key, rejection)
+            log.error("workload %s from the registry cannot be enforced: %s", key, rejection.detail)
         self._reconciled = True
         self._not_ready = ""
 

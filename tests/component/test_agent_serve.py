@@ -92,6 +92,25 @@ async def test_overlapping_cores_conflict_and_leave_the_first_alone(agent: Any, 
     assert (group(node, first.cos_name) / "schemata").read_text() == before
 
 
+async def test_a_conflict_with_another_namespace_names_the_holder_in_the_log_only(
+    agent: Any, node: SimNode
+) -> None:
+    """The caller's message ends up in team-b's RmdWorkload status and Events, readable by whoever may read
+    that workload; the holder in another namespace is named in the agent's log only."""
+    await apply(agent, node, "overlap-a", core_ids=["4-5"], cache=cache(2, 2))
+    team_b = request("b", core_ids=["5-6"], cache=cache(1, 1))
+    team_b.ref.namespace = "team-b"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await agent.ApplyWorkload(team_b, timeout=DEADLINE)
+    details = info.value.details() or ""
+    assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert details.startswith("CPU 5 is already assigned to a workload in another namespace")
+    assert "default" not in details and "overlap-a" not in details
+    logged = [line for line in node.log_path.read_text().splitlines() if "team-b/b" in line]
+    assert any("CPU 5 is already assigned to workload default/overlap-a" in line for line in logged)
+    assert node.check_resctrl() == []
+
+
 async def test_all_cores_minus_reserved(agent: Any, node: SimNode) -> None:  # 5
     w = await apply(
         agent, node, "all", all_cores=True, reserved_core_ids=["0-11", "32-63"], cache=cache(0, 0)

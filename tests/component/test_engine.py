@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import errno
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -685,6 +686,27 @@ async def test_registry_workload_that_no_longer_fits_is_kept_as_failed(
     os.rmdir(node.resctrl / "intruder")
     applied, changed = await restarted.apply(wl("a", SOCKET0[2:4], **cache(2, 2)))
     assert changed and applied.status == "Successful" and "rmd-default.a" in node.groups()
+
+
+async def test_registry_conflict_names_another_namespace_in_the_log_only(
+    node: SimNode, start_engine: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A registry workload refused at restart: its status (ListWorkloads, RmdNodeState) does not name the
+    holder in another namespace; the agent's log does."""
+    engine = await start_engine(node)
+    await engine.apply(wl("overlap-a", SOCKET0[2:4], **cache(2, 2)))
+    await engine.apply(wl("b", SOCKET0[4:6], "team-b", **cache(1, 1)))
+    await engine.close()
+    state = json.loads(node.state_file().read_text())  # b's CPUs edited onto a's behind the agent's back
+    state["workloads"][1]["request"]["core_ids"] = format_cpu_list(SOCKET0[3:5])
+    node.state_file().write_text(json.dumps(state))
+    with caplog.at_level(logging.ERROR, logger="rmd_agent.engine"):
+        restarted = await start_engine(node)
+    failed = next(a for a in await restarted.list() if a.workload.key == "team-b/b")
+    assert failed.status.startswith(f"Failed: CPU {SOCKET0[3]} is already assigned to a workload in another ")
+    assert "default" not in failed.status and "overlap-a" not in failed.status
+    logged = [r.getMessage() for r in caplog.records if "team-b/b" in r.getMessage()]
+    assert any(f"CPU {SOCKET0[3]} is already assigned to workload default/overlap-a" in m for m in logged)
 
 
 async def test_ready_follows_the_mount(node: SimNode, start_engine: Any) -> None:

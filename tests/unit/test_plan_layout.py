@@ -729,6 +729,24 @@ def test_other_tools_ways_are_avoided_and_named_in_rejections() -> None:
     )
 
 
+def test_cpu_conflicts_name_the_holder_only_within_its_namespace() -> None:
+    node = make_node()
+    team_b = dataclasses.replace(wl("b", {2, 3}, 1), namespace="team-b")
+    layout = plan_layout(node, [wl("overlap-a", {1, 2}, 2), team_b, wl("c", {2})])
+    other = layout.rejected["team-b/b"]
+    assert (other.reason, other.workload, other.detail) == (
+        RejectReason.CONFLICT,
+        "team-b/b",
+        "CPU 2 is already assigned to workload default/overlap-a",
+    )
+    assert other.message == (
+        "CPU 2 is already assigned to a workload in another namespace (an administrator finds it in this "
+        "node's RmdNodeState)"
+    )
+    same = layout.rejected["default/c"]
+    assert same.message == same.detail == "CPU 2 is already assigned to workload default/overlap-a"
+
+
 def test_ownership_is_the_callers_predicate() -> None:
     """A group named like ours that the caller does not own is another tool's: its ways, CPUs and CLOSID
     are respected; the default predicate (the name prefix) would have taken it for ours."""

@@ -282,7 +282,25 @@ def test_cpu_conflicts_name_the_cpu_and_the_holder() -> None:
         "default/b",
     )
     err = rejected(lambda: validate_workload(wl("b", cores={6, 7}), node, [a]))
-    assert err.message == "CPUs 6-7 are already assigned to workload default/a"
+    assert err.message == err.detail == "CPUs 6-7 are already assigned to workload default/a"
+
+
+def test_a_conflict_names_no_workload_of_another_namespace() -> None:
+    """Whoever may read team-b's workload reads the message; only the detail (the agent's log) names the
+    holder in another namespace."""
+    node = make_node()
+    held = Workload("default", "overlap-a", core_ids=frozenset({5, 6}))
+    err = rejected(lambda: validate_workload(Workload("team-b", "b", core_ids=frozenset({6})), node, [held]))
+    assert (err.reason, err.workload) == (RejectReason.CONFLICT, "team-b/b")
+    assert str(err) == err.message
+    assert err.message == (
+        "CPU 6 is already assigned to a workload in another namespace (an administrator finds it in this "
+        "node's RmdNodeState)"
+    )
+    assert "default" not in err.message and "overlap-a" not in err.message
+    assert err.detail == "CPU 6 is already assigned to workload default/overlap-a"
+    keyed = WorkloadRejected(RejectReason.CONFLICT, "shown", detail="logged").for_workload("team-b/b")
+    assert (keyed.message, keyed.detail, keyed.workload) == ("shown", "logged", "team-b/b")
 
 
 def test_conflicts_ignore_the_workload_itself_and_unresolvable_others() -> None:

@@ -50,6 +50,7 @@ from rmd_agent.plan.workload import (
     RejectReason,
     Workload,
     WorkloadRejected,
+    cpu_conflict,
     describe_cpus,
     resolve_workload,
 )
@@ -274,7 +275,7 @@ class _Planner:
         self.foreign_cpus = {cpu: g.name for g in self.foreign.values() for cpu in g.cpus}
         self.rejected: dict[str, WorkloadRejected] = {}
         self.accepted: list[Workload] = []
-        self.cpu_owner: dict[int, str] = {}
+        self.cpu_owner: dict[int, Workload] = {}
         self.groups_used = 0
         self.shared_members: list[Workload] = []
         self.cache_res: tuple[str, ...] = cache_resources(self.l3) if self.l3 is not None else ()
@@ -356,16 +357,13 @@ class _Planner:
                 self.shared_members.append(w)
         self.accepted.append(w)
         for cpu in w.core_ids:
-            self.cpu_owner[cpu] = w.key
+            self.cpu_owner[cpu] = w
 
     def _check_cpus(self, w: Workload) -> None:
         for cpu in sorted(w.core_ids):
             owner = self.cpu_owner.get(cpu)
             if owner is not None:
-                taken = sorted(c for c in w.core_ids if self.cpu_owner.get(c) == owner)
-                raise WorkloadRejected(
-                    RejectReason.CONFLICT, f"{describe_cpus(taken)} already assigned to workload {owner}"
-                )
+                raise cpu_conflict(w, (c for c in w.core_ids if self.cpu_owner.get(c) is owner), owner)
             group = self.foreign_cpus.get(cpu)
             if group is not None:
                 taken = sorted(c for c in w.core_ids if self.foreign_cpus.get(c) == group)

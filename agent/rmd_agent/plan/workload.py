@@ -48,16 +48,21 @@ class RejectReason(StrEnum):
 
 
 class WorkloadRejected(AgentError):
-    """A workload the node will not enforce. str() is the message alone; `workload` is its key, if known."""
+    """A workload the node will not enforce. str() is the message alone; `workload` is its key, if known.
 
-    def __init__(self, reason: RejectReason, message: str, workload: str = "") -> None:
+    The message goes to the caller, and on into the workload's status and Events, which whoever may read
+    that workload reads; `detail` (the message unless given) may say more, e.g. name a workload of another
+    namespace, and goes to the agent's log only."""
+
+    def __init__(self, reason: RejectReason, message: str, workload: str = "", detail: str = "") -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.workload = workload
+        self.detail = detail or message
 
     def for_workload(self, key: str) -> WorkloadRejected:
-        return self if self.workload else WorkloadRejected(self.reason, self.message, key)
+        return self if self.workload else WorkloadRejected(self.reason, self.message, key, self.detail)
 
 
 def _invalid(message: str) -> WorkloadRejected:
@@ -68,6 +73,20 @@ def describe_cpus(cpus: Iterable[int]) -> str:
     """ "CPU 6 is" / "CPUs 6-7 are", for messages."""
     cpus = sorted(cpus)
     return f"CPU {cpus[0]} is" if len(cpus) == 1 else f"CPUs {format_cpu_list(cpus)} are"
+
+
+def cpu_conflict(w: Workload, cpus: Iterable[int], holder: Workload) -> WorkloadRejected:
+    """`w` refused (conflict) because `holder` has `cpus`. The message names the holder only if it is in
+    `w`'s namespace, which its reader can see; the detail always does, for administrators."""
+    taken = describe_cpus(cpus)
+    detail = f"{taken} already assigned to workload {holder.key}"
+    if holder.namespace == w.namespace:
+        return WorkloadRejected(RejectReason.CONFLICT, detail, w.key)
+    message = (
+        f"{taken} already assigned to a workload in another namespace (an administrator finds it in this "
+        "node's RmdNodeState)"
+    )
+    return WorkloadRejected(RejectReason.CONFLICT, message, w.key, detail)
 
 
 def pool_for(cache_max: int, cache_min: int) -> Pool:
@@ -311,11 +330,7 @@ def check_conflicts(w: Workload, accepted: Iterable[Workload]) -> None:
             continue
         taken = w.core_ids & other.core_ids
         if taken:
-            raise WorkloadRejected(
-                RejectReason.CONFLICT,
-                f"{describe_cpus(taken)} already assigned to workload {other.key}",
-                w.key,
-            )
+            raise cpu_conflict(w, taken, other)
 
 
 def validate_workload(w: Workload, node: NodeInventory, others: Iterable[Workload] = ()) -> Workload:

@@ -191,6 +191,9 @@ class AgentInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         code, message = status_for(exc)
         if code is grpc.StatusCode.INTERNAL:
             log.error("%s failed", method, exc_info=exc)
+        elif isinstance(exc, WorkloadRejected):  # the log has the detail, e.g. another namespace's holder
+            logged = f"{exc.workload}: {exc.detail}" if exc.workload else exc.detail
+            log.info("%s: %s: %s", method, code.name, logged)
         elif not isinstance(exc, CallRefused):
             log.info("%s: %s: %s", method, code.name, message)
         return code, message
