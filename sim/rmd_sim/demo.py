@@ -5,7 +5,8 @@ simulated nodes worker-node-1..3 (each: simulated hardware with RDT, MBA and RAP
 to the API server, a real agent over mTLS). It applies the sample manifests (rmd-operator users' samples when
 ../shared/samples exists, else examples/), lets the nodes burn some simulated CPU, and prints what happened:
 each workload per node, one node's NUMA topology as the scheduler sees it, a few power figures. Everything
-stops at the end unless --stay is given.
+stops at the end unless --stay is given; SIGTERM, SIGINT or SIGHUP stop it at any point, FUSE mounts
+included, with exit status 128 + the signal's number (rmd_sim.stop_signals).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rmd_sim.control_plane import repo_root
 from rmd_sim.load import SimLoad
 from rmd_sim.realnode.node import binaries_or_reason
 from rmd_sim.realnode.stack import RealStack
+from rmd_sim.stop_signals import SignalStop
 
 NODES = ("worker-node-1", "worker-node-2", "worker-node-3")
 POWER_INTERVAL = 1.0  # seconds; the agents sample RAPL this often in the demo
@@ -222,35 +224,60 @@ def real_node_demo(workdir: Path, began: float) -> bool:
     return True
 
 
-async def demo(workdir: Path, stay: bool, real_node: bool = True) -> int:
+async def demo(workdir: Path, stay: bool, real_node: bool = True, stops: SignalStop | None = None) -> int:
+    """The exit status: 0, 1 when some workload did not settle, 128 + n when signal n stopped it (through
+    `stops`, whose handlers the caller sets: rmd_sim.stop_signals)."""
     began = time.monotonic()
+    stops = stops or SignalStop(workdir)
     if real_node:
         await asyncio.to_thread(real_node_demo, workdir, began)
-    step("starting the control plane, the operator and three simulated nodes", began)
-    settings = {"power_interval_seconds": POWER_INTERVAL}
-    quiet_teardown = contextlib.ExitStack()
-    with quiet_teardown:
-        async with SimCluster(workdir, nodes=NODES, agent_settings=settings) as cluster:
-            step(f"cluster up: kubeconfig {cluster.kubeconfig}", began)
-            directory = samples_dir()
-            applied = apply_samples(cluster, directory)
-            step(f"applied {len(applied)} manifests from {directory}", began)
-            with cluster.api_client() as api:
-                stop = asyncio.Event()
-                load = asyncio.create_task(run_load(cluster, api, stop))
-                settled = await wait_for(lambda: all_settled(api), 60)
-                await asyncio.sleep(3 * POWER_INTERVAL)  # a few power samples under load
-                step("workloads settled" if settled else "some workloads still pending after 60 s", began)
-                print_summary(cluster, api, stay)
-                if stay:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await asyncio.Event().wait()
-                stop.set()
-                await load
-            # libfuse reports unmounts from helper threads on stderr; keep that out of the summary
-            quiet_teardown.enter_context(stderr_to(workdir / "teardown.log"))
+    settled = False
+    if stops.attach():
+        try:
+            settled = await simulated_demo(workdir, stay, stops, began)
+        except asyncio.CancelledError:
+            if stops.signum is None:
+                raise
     step("stopped; nothing left running", began)
-    return 0 if settled else 1
+    return stops.status(0 if settled else 1)
+
+
+async def simulated_demo(workdir: Path, stay: bool, stops: SignalStop, began: float) -> bool:
+    """Whether every workload settled; with `stay`, runs until a signal cancels it."""
+    step("starting the control plane, the operator and three simulated nodes", began)
+    cluster = SimCluster(workdir, nodes=NODES, agent_settings={"power_interval_seconds": POWER_INTERVAL})
+    try:
+        await cluster.start()
+        return await show(cluster, stay, began)
+    finally:
+        stops.detach()  # the cluster's stop runs to its end (a second signal forces it)
+        # libfuse reports unmounts from helper threads on stderr; keep that out of the summary
+        with stderr_to(workdir / "teardown.log"):
+            await cluster.stop()
+
+
+async def show(cluster: SimCluster, stay: bool, began: float) -> bool:
+    step(f"cluster up: kubeconfig {cluster.kubeconfig}", began)
+    directory = samples_dir()
+    applied = apply_samples(cluster, directory)
+    step(f"applied {len(applied)} manifests from {directory}", began)
+    with cluster.api_client() as api:
+        stop = asyncio.Event()
+        load = asyncio.create_task(run_load(cluster, api, stop))
+        try:
+            settled = await wait_for(lambda: all_settled(api), 60)
+            await asyncio.sleep(3 * POWER_INTERVAL)  # a few power samples under load
+            step("workloads settled" if settled else "some workloads still pending after 60 s", began)
+            print_summary(cluster, api, stay)
+            if stay:
+                await asyncio.Event().wait()  # until a signal cancels this task
+        except BaseException:
+            load.cancel()
+            await asyncio.gather(load, return_exceptions=True)
+            raise
+        stop.set()
+        await load
+    return settled
 
 
 def print_summary(cluster: SimCluster, api: Any, stay: bool) -> None:
@@ -265,33 +292,37 @@ def print_summary(cluster: SimCluster, api: Any, stay: bool) -> None:
         print("\n".join(lines))
     print("\nTry next:")
     if stay:
-        print(f"  export KUBECONFIG={cluster.kubeconfig}   (running until Ctrl-C)")
+        print(f"  export KUBECONFIG={cluster.kubeconfig}   (running until Ctrl-C or kill {os.getpid()})")
     else:
         print("  ./dev demo --stay      keep it running and use kubectl against it")
     print(
         f"  kubectl get {RMD_WORKLOAD.plural} -A; kubectl get {RMD_NODE_STATE.plural} -n {SYSTEM_NAMESPACE}"
     )
-    print(f"  kubectl get {NODE_RESOURCE_TOPOLOGY.plural} -o yaml; read docs/how-it-works.md")
+    print(f"  kubectl get {NODE_RESOURCE_TOPOLOGY.plural} -o yaml; read docs/how-it-works.md", flush=True)
 
 
 def _run(args: argparse.Namespace) -> int:
     workdir = Path(
         tempfile.mkdtemp(prefix="rmd-demo-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
     )
-    try:
-        return asyncio.run(demo(workdir, args.stay, not args.no_real_node))
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+    # Handlers set before the first FUSE mount, kept until the work directory is gone (rmd_sim.stop_signals).
+    with SignalStop(workdir, keep=args.keep) as stops:
+        try:
+            return asyncio.run(demo(workdir, args.stay, not args.no_real_node, stops))
+        finally:
+            if not args.keep:
+                shutil.rmtree(workdir, ignore_errors=True)
 
 
 def add_demo(sub: Any) -> None:
     p = sub.add_parser(
         "demo", help="the whole system on simulated nodes: control plane, operator, agents, samples"
     )
-    p.add_argument("--stay", action="store_true", help="keep everything running until Ctrl-C")
+    p.add_argument(
+        "--stay",
+        action="store_true",
+        help="keep everything running until Ctrl-C or SIGTERM (exit status 128 + the signal's number)",
+    )
     p.add_argument(
         "--no-real-node",
         action="store_true",
@@ -304,4 +335,5 @@ def add_demo(sub: Any) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_run(argparse.Namespace(stay="--stay" in sys.argv, keep="--keep" in sys.argv)))
+    flags = {"stay": "--stay", "keep": "--keep", "no_real_node": "--no-real-node"}
+    sys.exit(_run(argparse.Namespace(**{name: flag in sys.argv for name, flag in flags.items()})))

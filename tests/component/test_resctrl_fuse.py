@@ -26,6 +26,7 @@ from rmd_sim.resctrl_fuse import (
     is_writable,
 )
 from rmd_sim.spec import NodeSpec
+from rmd_sim.stop_signals import SignalStop
 
 CPUS = 8
 SPEC = dataclasses.replace(
@@ -399,3 +400,13 @@ def test_busy_mount_is_detached_lazily(host: Path) -> None:
             assert user.wait(timeout=30) == 0
         finally:
             user.kill()
+
+
+def test_mounts_leave_handlers_set_before_them_alone(host: Path, tmp_path: Path) -> None:
+    """libfuse takes SIGTERM for its loop only when it is at the default disposition: the demo's own handler,
+    set first, gets the signal, and every mount keeps serving until the demo unmounts it."""
+    with SignalStop(tmp_path, keep=True) as stops, ResctrlMount(host) as mount:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stops.signum == signal.SIGTERM
+        assert "schemata" in os.listdir(mount.mountpoint)
+        assert mount.serving and is_mounted(mount.mountpoint)
