@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from rmd_api import limits
 from rmd_api.cpuset import format_cpu_list
 from rmd_api.names import CACHE_WAYS_RESOURCE as CACHE_WAYS
 from rmd_api.names import RMD_WORKLOAD
@@ -56,8 +57,7 @@ POLICIES = ("gold", "silver", "bronze")
 _MAX_NAME = 253  # an object name is a DNS subdomain
 _MAX_LABEL_VALUE = 63
 _MAX_CPU_LIST_ITEM = 128  # the CRD's limit on one coreIds entry
-_MAX_MBPS = 4294967290
-_RATIO = re.compile(r"[0-9]{1,4}([.][0-9]{1,4})?")
+_RATIO = re.compile(limits.PSTATE_RATIO.pattern)  # the CRD's syntax for spec.plugins.pstate.ratio
 _DIGITS = re.compile(r"[0-9]{1,10}")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
@@ -179,10 +179,10 @@ class _Invalid(ValueError):
     pass
 
 
-def _count(key: str, value: str, low: int, high: int) -> int:
+def _count(key: str, value: str, limit: limits.IntRange) -> int:
     text = value.strip()
-    if not _DIGITS.fullmatch(text) or not low <= int(text) <= high:
-        raise _Invalid(f"annotation {key}={value!r} must be a whole number from {low} to {high}")
+    if not _DIGITS.fullmatch(text) or not limit.contains(int(text)):
+        raise _Invalid(f"annotation {key}={value!r} must be a whole number from {limit.low} to {limit.high}")
     return int(text)
 
 
@@ -197,6 +197,8 @@ def _container_request(
             if value.strip() not in POLICIES:
                 raise _Invalid(f"annotation {key}={value!r} must be one of {', '.join(POLICIES)}")
             values["policy"] = value.strip()
+    if "policy" not in values:  # the limit becomes rdt.cache.max, which the CRD bounds
+        limits.CACHE_WAYS.require(f"the {CACHE_WAYS} limit (rdt.cache.max)", ways, _Invalid)
     if CACHE_MIN in settings:
         key, value = settings[CACHE_MIN]
         if "policy" in values:
@@ -204,11 +206,11 @@ def _container_request(
                 f"annotations {key} and {settings[POLICY][0]} are mutually exclusive: the policy sets "
                 "the cache ways"
             )
-        values["cache_min"] = _count(key, value, 1, ways)
-    for setting, high in ((MBA_PERCENTAGE, 100), (MBA_MBPS, _MAX_MBPS)):
+        values["cache_min"] = _count(key, value, limits.IntRange(1, ways))
+    for setting, limit in ((MBA_PERCENTAGE, limits.MBA_PERCENTAGE), (MBA_MBPS, limits.MBA_MBPS)):
         if setting in settings:
             key, value = settings[setting]
-            values[setting] = _count(key, value, 1, high)
+            values[setting] = _count(key, value, limit)
     if MBA_PERCENTAGE in values and MBA_MBPS in values:
         raise _Invalid(
             f"annotations {container}_{MBA_PERCENTAGE} and {container}_{MBA_MBPS} are mutually "
@@ -217,8 +219,8 @@ def _container_request(
     if PSTATE_RATIO in settings:
         key, value = settings[PSTATE_RATIO]
         text = value.strip()
-        if not _RATIO.fullmatch(text) or float(text) <= 0:
-            raise _Invalid(f'annotation {key}={value!r} must be a positive decimal number such as "1.5"')
+        if not _RATIO.fullmatch(text) or limits.PSTATE_RATIO.parse(text) is None:
+            raise _Invalid(f"annotation {key}={value!r} must be {limits.PSTATE_RATIO.rule}")
         values[PSTATE_RATIO] = text
     if PSTATE_MONITORING in settings:
         key, value = settings[PSTATE_MONITORING]

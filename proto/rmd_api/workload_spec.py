@@ -13,7 +13,8 @@ P-state back in the v0.3 layout, as an RmdWorkload's status shows what a node en
 A cache object counts unset max/min as 0 (as the CRD says); no cache object at all is "no cache request" (the
 agent treats it as the shared pool, as RMD did). Cpu lists are canonicalised ("0-3", "8" -> "0-3,8") so equal
 requests compare equal. The P-state ratio is a decimal string in the CRD (rmd-operator's), a double on the
-wire, where 0 means "no ratio". Pure: no I/O.
+wire, where 0 means "no ratio". Numbers outside rmd_api.limits are refused, as the CRD refuses them (an object
+stored before the CRD had its ranges still gets a clear InvalidSpec). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from typing import Any
 
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.cpuset import CpuListError, format_cpu_list, parse_cpu_list_entries
+from rmd_api.limits import CACHE_WAYS, MBA_MBPS, MBA_PERCENTAGE, PSTATE_RATIO
 
 _MONITORING = {"on": True, "off": False}
+_MBA_UNITS = {"percentage": MBA_PERCENTAGE, "mbps": MBA_MBPS}
 
 
 class InvalidSpec(ValueError):
@@ -49,12 +52,6 @@ def _cpu_list(value: Any, path: str) -> list[str]:
     return [format_cpu_list(cpus)] if cpus else []
 
 
-def _count(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidSpec(f"{path} must be a non-negative integer, not {value!r}")
-    return value
-
-
 def _cache(spec: Mapping[str, Any], rdt: Mapping[str, Any]) -> agent_pb2.CacheRequest | None:
     v03 = _section(rdt, "cache", "spec.rdt.cache")
     v01 = _section(spec, "cache", "spec.cache")
@@ -64,7 +61,8 @@ def _cache(spec: Mapping[str, Any], rdt: Mapping[str, Any]) -> agent_pb2.CacheRe
     if cache is None:
         return None
     return agent_pb2.CacheRequest(
-        max=_count(cache.get("max", 0), f"{path}.max"), min=_count(cache.get("min", 0), f"{path}.min")
+        max=CACHE_WAYS.require(f"{path}.max", cache.get("max", 0), InvalidSpec),
+        min=CACHE_WAYS.require(f"{path}.min", cache.get("min", 0), InvalidSpec),
     )
 
 
@@ -76,20 +74,10 @@ def _mba(rdt: Mapping[str, Any]) -> agent_pb2.MbaRequest | None:
     if len(given) != 1:
         raise InvalidSpec("spec.rdt.mba: set exactly one of percentage or mbps")
     unit = given[0]
-    value = _count(mba[unit], f"spec.rdt.mba.{unit}")
+    value = _MBA_UNITS[unit].require(f"spec.rdt.mba.{unit}", mba[unit], InvalidSpec)
     return (
         agent_pb2.MbaRequest(percentage=value) if unit == "percentage" else agent_pb2.MbaRequest(mbps=value)
     )
-
-
-def _positive_float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if number > 0 and number != float("inf") else None  # NaN fails "> 0"
 
 
 def _pstate(spec: Mapping[str, Any], plugins: Mapping[str, Any]) -> agent_pb2.PstateRequest | None:
@@ -103,13 +91,9 @@ def _pstate(spec: Mapping[str, Any], plugins: Mapping[str, Any]) -> agent_pb2.Ps
     if pstate is None:
         return None
     request = agent_pb2.PstateRequest()
-    ratio = pstate.get("ratio")
-    if ratio is not None:
+    if pstate.get("ratio") is not None:
         # A string in the CRD, for compatibility with rmd-operator ("3.0"); numbers are accepted too.
-        value = _positive_float(ratio)
-        if value is None:
-            raise InvalidSpec(f'{path}.ratio must be a positive decimal number such as "3.0", not {ratio!r}')
-        request.ratio = value
+        request.ratio = PSTATE_RATIO.require(f"{path}.ratio", pstate["ratio"], InvalidSpec)
     monitoring = pstate.get("monitoring")
     if monitoring is not None:
         if monitoring not in _MONITORING:

@@ -169,6 +169,34 @@ VALID_WORKLOADS = {
         "nodeSelector": {"a": "b"},
     },
     "pstate-only-integer-ratio": {"coreIds": ["7"], "plugins": {"pstate": {"ratio": "3"}}, "nodes": ["n1"]},
+    # The edges of each range (rmd_api.limits) are in it.
+    "pstate-ratio-highest": {"coreIds": ["7"], "pstate": {"ratio": "99.9999"}, "nodes": ["n1"]},
+    "pstate-ratio-lowest": {
+        "coreIds": ["7"],
+        "plugins": {"pstate": {"ratio": "0.0001", "monitoring": "off"}},
+        "nodes": ["n1"],
+    },
+    "cache-ways-32-mbps-highest": {
+        "coreIds": ["4"],
+        "rdt": {"cache": {"max": 32, "min": 32}, "mba": {"mbps": 4294967290}},
+        "nodes": ["n1"],
+    },
+    "v01-cache-ways-32-besteffort": {
+        "coreIds": ["4"],
+        "cache": {"max": 32, "min": 1},
+        "nodes": ["n1"],
+    },
+    "mba-percentage-lowest": {
+        "coreIds": ["4"],
+        "rdt": {"cache": {"max": 1, "min": 1}, "mba": {"percentage": 1}},
+        "nodes": ["n1"],
+    },
+    "mba-mbps-lowest": {
+        "coreIds": ["4"],
+        "cache": {"max": 1, "min": 1},
+        "rdt": {"mba": {"mbps": 1}},
+        "nodes": ["n1"],
+    },
 }
 
 
@@ -218,16 +246,46 @@ INVALID_WORKLOADS: list[tuple[str, Obj, str, str]] = [
         "greater than or equal to 0",
     ),
     (
+        "cache-ways-above-32",
+        {**BASE, "rdt": {"cache": {"max": 33, "min": 33}}},
+        "spec.rdt.cache.max",
+        "less than or equal to 32",
+    ),
+    (
+        "v01-cache-min-above-32",
+        {**BASE, "cache": {"max": 33, "min": 33}},
+        "spec.cache.min",
+        "less than or equal to 32",
+    ),
+    (
         "pstate-ratio-not-numeric",
         {**BASE, "plugins": {"pstate": {"ratio": "fast"}}},
         "spec.plugins.pstate.ratio",
-        "positive decimal number",
+        "greater than 0 and less than 100",
     ),
     (
         "v01-pstate-ratio-zero",
         {**BASE, "pstate": {"ratio": "0.0"}},
         "spec.pstate.ratio",
-        "positive decimal number",
+        "greater than 0 and less than 100",
+    ),
+    (
+        "pstate-ratio-negative",
+        {**BASE, "plugins": {"pstate": {"ratio": "-1"}}},
+        "spec.plugins.pstate.ratio",
+        "greater than 0 and less than 100",
+    ),
+    (
+        "pstate-ratio-100",
+        {**BASE, "plugins": {"pstate": {"ratio": "100"}}},
+        "spec.plugins.pstate.ratio",
+        "greater than 0 and less than 100",
+    ),
+    (
+        "v01-pstate-ratio-9999.9999",  # issue #13: this ended Successful
+        {**BASE, "pstate": {"ratio": "9999.9999"}},
+        "spec.pstate.ratio",
+        "greater than 0 and less than 100",
     ),
     (
         "pstate-monitoring-unknown",
@@ -247,6 +305,18 @@ INVALID_WORKLOADS: list[tuple[str, Obj, str, str]] = [
         {**BASE, "rdt": {**GUARANTEED["rdt"], "mba": {"percentage": 101}}},
         "spec.rdt.mba.percentage",
         "less than or equal to 100",
+    ),
+    (
+        "mba-mbps-zero",
+        {**BASE, "rdt": {**GUARANTEED["rdt"], "mba": {"mbps": 0}}},
+        "spec.rdt.mba.mbps",
+        "greater than or equal to 1",
+    ),
+    (
+        "mba-mbps-above-bound",
+        {**BASE, "rdt": {**GUARANTEED["rdt"], "mba": {"mbps": 4294967291}}},
+        "spec.rdt.mba.mbps",
+        "less than or equal to 4294967290",
     ),
     (
         "mba-percentage-and-mbps",
@@ -408,8 +478,9 @@ def test_node_state_accepts_agent_status(
     [
         pytest.param({"endpoint": "10.0.0.7"}, "status.endpoint", "should match", id="endpoint-without-port"),
         pytest.param(
-            {"endpoint": "node-1:70000"}, "status.endpoint", "at most 65535", id="endpoint-port-range"
+            {"endpoint": "node-1:70000"}, "status.endpoint", "within 1..65535", id="endpoint-port-range"
         ),
+        pytest.param({"endpoint": "node-1:0"}, "status.endpoint", "within 1..65535", id="endpoint-port-zero"),
         pytest.param(
             {"capabilities": {"mba": {"detail": "x"}}},
             "status.capabilities.mba.supported",
@@ -588,6 +659,16 @@ def test_status_is_a_subresource(kube: DynamicClient, namespace: str) -> None:
     # And spec sent to /status is ignored.
     after_both = merge_patch(kube, f"{item}/status", {"spec": {"coreIds": ["9"]}, "status": {"summary": "x"}})
     assert after_both["spec"]["coreIds"] == ["4-7"] and after_both["status"]["summary"] == "x"
+
+
+def test_status_generation_is_not_negative(kube: DynamicClient, namespace: str) -> None:
+    path = WORKLOADS.format(ns=namespace)
+    create(kube, path, workload(BASE, name="generation-wl"))
+    code, message = rejection(
+        lambda: merge_patch(kube, f"{path}/generation-wl/status", {"status": {"observedGeneration": -1}})
+    )
+    assert code == 422, message
+    assert "status.observedGeneration" in message and "greater than or equal to 0" in message, message
 
 
 def test_kubectl_explain_documents_fields(control_plane: ControlPlane) -> None:

@@ -110,6 +110,14 @@ def test_mba_oneof(mba: agent_pb2.MbaRequest, expected: tuple[int | None, int | 
             agent_pb2.WorkloadSpec(core_ids=["1"], policy="gold", cache=agent_pb2.CacheRequest(max=2, min=2)),
             "policy",
         ),
+        (
+            agent_pb2.WorkloadSpec(core_ids=["1"], pstate=agent_pb2.PstateRequest(ratio=9999.9999)),
+            "P-state ratio must be a decimal number greater than 0 and less than 100",
+        ),
+        (
+            agent_pb2.WorkloadSpec(core_ids=["1"], cache=agent_pb2.CacheRequest(max=64, min=64)),
+            "cache max must be an integer within 0..32, not 64",
+        ),
     ],
 )
 def test_malformed_spec_is_invalid_and_names_the_workload(spec: agent_pb2.WorkloadSpec, message: str) -> None:

@@ -208,8 +208,15 @@ def test_cache_min_makes_best_effort_and_defaults_to_the_limit() -> None:
         ({"c_policy": "silver", "c_mba_mbps": "100"}, "needs guaranteed cache"),
         ({"c_policy": "platinum"}, "gold, silver, bronze"),
         ({"c_policy": "gold", "c_cache_min": "1"}, "the policy sets the cache ways"),
-        ({"c_pstate_ratio": "fast"}, "positive decimal"),
-        ({"c_pstate_ratio": "0"}, "positive decimal"),
+        ({"c_pstate_ratio": "fast"}, "greater than 0 and less than 100"),
+        ({"c_pstate_ratio": "0"}, "greater than 0 and less than 100"),
+        ({"c_pstate_ratio": "100"}, "greater than 0 and less than 100"),
+        (
+            {"c_pstate_ratio": "9999.9999"},
+            "annotation c_pstate_ratio='9999.9999' must be a decimal number greater than 0 and less than 100 "
+            '(a branch-miss threshold in per cent), such as "3.0"',
+        ),
+        ({"c_mba_mbps": "4294967291"}, "from 1 to 4294967290"),
         ({"c_pstate_monitoring": "yes"}, '"on" or "off"'),
     ],
 )
@@ -219,6 +226,30 @@ def test_invalid_annotations_refuse_the_container(annotations: dict[str, str], f
     (refusal,) = request.refusals
     assert (refusal.container, refusal.reason) == ("c", pods.INVALID_REQUEST)
     assert fragment in refusal.message
+
+
+def test_the_edges_of_each_range_are_accepted() -> None:
+    annotations = {"c_pstate_ratio": "99.9999", "c_mba_mbps": "4294967290", "d_pstate_ratio": "0.0001"}
+    request = pods.pod_request(
+        pod(container("c", ways="32"), container("d", ways="1"), annotations=annotations)
+    )
+    assert request.refusals == ()
+    c, d = request.containers
+    spec = workload_spec(pods.workload_spec(request, c, [1]))  # what the operator then reads back
+    assert (spec.cache.max, spec.mba.mbps, spec.pstate.ratio) == (32, 4294967290, 99.9999)
+    assert d.pstate_ratio == "0.0001"
+
+
+def test_more_ways_than_a_cache_bit_mask_has_refuse_the_container() -> None:
+    """The limit becomes the RmdWorkload's rdt.cache.max, which the API server would refuse: an Event says
+    why instead. A policy sets the ways itself, so then the limit only counts for the kubelet."""
+    request = pods.pod_request(pod(container("c", ways="33"), container("d", ways="2")))
+    assert [c.container for c in request.containers] == ["d"]
+    (refusal,) = request.refusals
+    assert (refusal.container, refusal.reason) == ("c", pods.INVALID_REQUEST)
+    assert f"the {WAYS} limit (rdt.cache.max) must be an integer within 0..32, not 33" in refusal.message
+    gold = pods.pod_request(pod(container("c", ways="33"), annotations={"c_policy": "gold"}))
+    assert gold.refusals == () and gold.containers[0].policy == "gold"
 
 
 def test_policy_replaces_cache_ways_and_empty_policy_is_none() -> None:

@@ -323,14 +323,20 @@ async def test_orphan_sweep(world: Any) -> None:
     assert not r.orphans.due("a")
 
 
-async def test_invalid_spec_is_reported_without_calls(world: Any) -> None:
+# "9999.9999": an object stored before the CRD bounded the ratio (issue #13) is refused, not applied.
+@pytest.mark.parametrize("ratio", ["fast", "9999.9999"])
+async def test_invalid_spec_is_reported_without_calls(world: Any, ratio: str) -> None:
     _, agents, events = world
     obj = body(["a"])
-    obj["spec"]["pstate"] = {"ratio": "fast"}
+    obj["spec"]["pstate"] = {"ratio": ratio}
     r = reconciler(world, Sink(obj))
     await r.reconcile(obj, cluster("a"))
     assert obj["status"]["summary"] == "Invalid spec"
-    assert obj["status"]["conditions"][0]["reason"] == "InvalidSpec"
+    (condition,) = obj["status"]["conditions"]
+    assert condition["reason"] == "InvalidSpec"
+    assert condition["message"].startswith(
+        "spec.pstate.ratio must be a decimal number greater than 0 and less"
+    )
     assert agents.calls == []
     assert events[-1].reason == "InvalidSpec"
 

@@ -86,10 +86,10 @@ def test_pstate_ratio_alone_leaves_monitoring_unset() -> None:
             "exclusive",
         ),
         ({"coreIds": ["1"], "pstate": {"ratio": "1"}, "plugins": {"pstate": {"ratio": "1"}}}, "exclusive"),
-        ({"coreIds": ["1"], "cache": {"max": -1}}, "non-negative"),
+        ({"coreIds": ["1"], "cache": {"max": -1}}, "within 0..32"),
         ({"coreIds": ["1"], "rdt": {"mba": {"percentage": 10, "mbps": 10}}}, "exactly one"),
-        ({"coreIds": ["1"], "pstate": {"ratio": "fast"}}, "positive decimal"),
-        ({"coreIds": ["1"], "pstate": {"ratio": "0"}}, "positive decimal"),
+        ({"coreIds": ["1"], "pstate": {"ratio": "fast"}}, "greater than 0 and less than 100"),
+        ({"coreIds": ["1"], "pstate": {"ratio": "0"}}, "greater than 0 and less than 100"),
         ({"coreIds": ["1"], "pstate": {"monitoring": "yes"}}, '"on" or "off"'),
         ({"coreIds": ["1"], "allCores": "true"}, "true or false"),
     ],
@@ -97,6 +97,64 @@ def test_pstate_ratio_alone_leaves_monitoring_unset() -> None:
 def test_malformed_specs_are_refused_with_the_field_named(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         workload_spec(spec)
+
+
+_RATIO_RANGE = (
+    "must be a decimal number greater than 0 and less than 100 (a branch-miss threshold in per cent), "
+    'such as "3.0"'
+)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        # issue #13: an object that predates the CRD's ranges gets InvalidSpec, not a silently applied value
+        ({"pstate": {"ratio": "9999.9999"}}, f"spec.pstate.ratio {_RATIO_RANGE}, not '9999.9999'"),
+        ({"plugins": {"pstate": {"ratio": "100"}}}, f"spec.plugins.pstate.ratio {_RATIO_RANGE}, not '100'"),
+        ({"plugins": {"pstate": {"ratio": -2.5}}}, f"spec.plugins.pstate.ratio {_RATIO_RANGE}, not -2.5"),
+        (
+            {"rdt": {"cache": {"max": 33, "min": 33}}},
+            "spec.rdt.cache.max must be an integer within 0..32, not 33",
+        ),
+        ({"cache": {"max": 2, "min": 33}}, "spec.cache.min must be an integer within 0..32, not 33"),
+        (
+            {"rdt": {"mba": {"percentage": 0}}},
+            "spec.rdt.mba.percentage must be an integer within 1..100, not 0",
+        ),
+        (
+            {"rdt": {"mba": {"percentage": 101}}},
+            "spec.rdt.mba.percentage must be an integer within 1..100, not 101",
+        ),
+        ({"rdt": {"mba": {"mbps": 0}}}, "spec.rdt.mba.mbps must be an integer within 1..4294967290, not 0"),
+        (
+            {"rdt": {"mba": {"mbps": 4294967291}}},
+            "spec.rdt.mba.mbps must be an integer within 1..4294967290, not 4294967291",
+        ),
+    ],
+)
+def test_out_of_range_values_are_refused_with_the_range(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        workload_spec({"coreIds": ["1"], **spec})
+    assert str(err.value) == message
+
+
+def test_the_edges_of_each_range_are_accepted() -> None:
+    low = workload_spec(
+        {"coreIds": ["1"], "cache": {"max": 0}, "pstate": {"ratio": "0.0001"}, "rdt": {"mba": {"mbps": 1}}}
+    )
+    assert (low.cache.max, low.pstate.ratio, low.mba.mbps) == (0, 0.0001, 1)
+    high = workload_spec(
+        {
+            "coreIds": ["1"],
+            "rdt": {"cache": {"max": 32, "min": 32}, "mba": {"mbps": 4294967290}},
+            "plugins": {"pstate": {"ratio": "99.9999"}},
+        }
+    )
+    assert (high.cache.max, high.cache.min, high.pstate.ratio, high.mba.mbps) == (32, 32, 99.9999, 4294967290)
+    for percentage in (1, 100):
+        spec = workload_spec({"coreIds": ["1"], "rdt": {"mba": {"percentage": percentage}}})
+        assert spec.mba.percentage == percentage
+    assert workload_spec({"coreIds": ["1"], "pstate": {"ratio": "3"}}).pstate.ratio == 3.0
 
 
 @pytest.mark.parametrize(

@@ -107,11 +107,17 @@ def test_rmd_policy_yaml_shape_is_accepted() -> None:
         ({"skylake": {"gold": {"cache": {"max": 4, "min": 4}, "mbaa": {}}}}, "unknown key 'mbaa'"),
         ({"skylake": {"gold": {"mba": {"percentage": 50}}}}, "skylake.gold: a policy needs cache"),
         ({"skylake": {"gold": {"cache": {"max": 4}}}}, "needs both max and min"),
-        ({"skylake": {"gold": {"cache": {"max": "4", "min": 4}}}}, "cache.max must be an integer, not '4'"),
-        ({"skylake": {"gold": {"cache": {"max": True, "min": 1}}}}, "must be an integer, not True"),
+        (
+            {"skylake": {"gold": {"cache": {"max": "4", "min": 4}}}},
+            "cache.max must be an integer within 0..32, not '4'",
+        ),
+        (
+            {"skylake": {"gold": {"cache": {"max": True, "min": 1}}}},
+            "must be an integer within 0..32, not True",
+        ),
         ({"skylake": {"gold": {"cache": {"max": 4, "min": 0}}}}, "max=4 min=0 is not a pool"),
         ({"skylake": {"gold": {"cache": {"max": 2, "min": 3}}}}, "max=2 min=3 is not a pool"),
-        ({"skylake": {"gold": {"cache": {"max": 65, "min": 65}}}}, "within 0..64, not 65"),
+        ({"skylake": {"gold": {"cache": {"max": 33, "min": 33}}}}, "within 0..32, not 33"),
         (
             {"skylake": {"silver": {"cache": {"max": 3, "min": 1}, "mba": {"percentage": 50}}}},
             "mba needs guaranteed cache (max == min > 0), not max=3 min=1",
@@ -126,9 +132,20 @@ def test_rmd_policy_yaml_shape_is_accepted() -> None:
         ),
         (
             {"skylake": {"gold": {"cache": {"max": 2, "min": 2}, "pstate": {"ratio": "fast"}}}},
-            "must be a number",
+            "pstate.ratio must be a decimal number greater than 0 and less than 100",
         ),
-        ({"skylake": {"gold": {"cache": {"max": 2, "min": 2}, "pstate": {"ratio": -1}}}}, "positive number"),
+        (
+            {"skylake": {"gold": {"cache": {"max": 2, "min": 2}, "pstate": {"ratio": -1}}}},
+            "greater than 0 and less than 100",
+        ),
+        (
+            {"skylake": {"gold": {"cache": {"max": 2, "min": 2}, "pstate": {"ratio": 100}}}},
+            "skylake.gold.pstate.ratio must be a decimal number greater than 0 and less than 100",
+        ),
+        (
+            {"skylake": {"gold": {"cache": {"max": 2, "min": 2}, "mba": {"mbps": 4294967291}}}},
+            "within 1..4294967290, not 4294967291",
+        ),
         (
             {"skylake": {"gold": {"cache": {"max": 2, "min": 2}, "pstate": {"monitoring": "maybe"}}}},
             'must be "on" or "off"',

@@ -11,13 +11,14 @@ from rmd_agent.plan.workload import (
     RejectReason,
     Workload,
     WorkloadRejected,
+    check_request,
     pool_for,
     resolve_workload,
     validate_workload,
 )
 from rmd_agent.server import convert
 from rmd_api.agent.v1 import agent_pb2
-from rmd_api.workload_spec import parse_spec
+from rmd_api.workload_spec import InvalidSpec, parse_spec
 
 L3 = CacheInfo(
     cbm_mask=0x7FF, min_cbm_bits=1, num_closids=16, shareable_bits=0, sparse_masks=False, cdp=False
@@ -67,6 +68,33 @@ def test_v03_spec_is_normalised() -> None:
     assert (w.cache_max, w.cache_min, w.mba_percentage, w.mba_mbps) == (2, 2, 50, None)
     assert (w.pstate_ratio, w.pstate_monitoring, w.policy) == (3.0, "on", None)
     assert w.pool is Pool.GUARANTEED
+
+
+@pytest.mark.parametrize(
+    ("spec", "fields"),
+    [
+        ({"rdt": {"cache": {"max": 33, "min": 33}}}, {"cache_max": 33, "cache_min": 33}),
+        ({"cache": {"max": 2, "min": 40}}, {"cache_max": 2, "cache_min": 40}),
+        ({"rdt": {"mba": {"percentage": 101}}}, {"cache_max": 1, "cache_min": 1, "mba_percentage": 101}),
+        ({"rdt": {"mba": {"mbps": 0}}}, {"cache_max": 1, "cache_min": 1, "mba_mbps": 0}),
+        ({"plugins": {"pstate": {"ratio": "100"}}}, {"pstate_ratio": 100.0}),
+        ({"pstate": {"ratio": "9999.9999"}}, {"pstate_ratio": 9999.9999}),
+    ],
+)
+def test_reader_and_agent_refuse_out_of_range_values_with_the_same_words(
+    spec: dict[str, Any], fields: dict[str, Any]
+) -> None:
+    """The operator's reader refuses what the CRD would (an object from before its ranges); the agent refuses
+    the same values (from any other client) in the same words, naming its own field."""
+    with pytest.raises(InvalidSpec) as reader:
+        parse_spec({"coreIds": ["1"], **spec})
+    agent = rejected(lambda: check_request(wl(**fields)))
+    assert agent.reason is RejectReason.INVALID
+
+    def rule(message: str) -> str:
+        return message.partition(" must ")[2].rpartition(", not ")[0]
+
+    assert rule(str(reader.value)) == rule(agent.message) != ""
 
 
 def test_no_cache_and_no_policy_is_a_shared_request() -> None:
@@ -126,16 +154,26 @@ def test_pool_of_a_policy_workload_needs_resolution() -> None:
             {"cache_max": 2, "cache_min": 2, "mba_percentage": 50, "mba_mbps": 100},
             "not both (percentage=50, mbps=100)",
         ),
+        ({"cache_max": 33, "cache_min": 33}, "cache max must be an integer within 0..32, not 33"),
         ({"cache_max": 2, "cache_min": 2, "mba_percentage": 101}, "within 1..100, not 101"),
         ({"cache_max": 2, "cache_min": 2, "mba_mbps": 0}, "within 1..4294967290, not 0"),
+        ({"cache_max": 2, "cache_min": 2, "mba_mbps": 4294967291}, "within 1..4294967290, not 4294967291"),
         (
             {"cache_max": 3, "cache_min": 1, "mba_percentage": 50},
             "MBA 50% needs guaranteed cache (max == min > 0); this workload asks for besteffort cache "
             "(max=3, min=1)",
         ),
         ({"mba_mbps": 500}, "MBA 500 MBps needs guaranteed cache"),
-        ({"pstate_ratio": 0.0}, "P-state ratio must be a positive number, not 0.0"),
-        ({"pstate_ratio": float("nan")}, "P-state ratio must be a positive number"),
+        ({"pstate_ratio": 0.0}, "P-state ratio must be a decimal number greater than 0 and less than 100"),
+        ({"pstate_ratio": float("nan")}, "P-state ratio must be a decimal number greater than 0"),
+        (
+            {"pstate_ratio": 100.0},
+            'less than 100 (a branch-miss threshold in per cent), such as "3.0", not 100.0',
+        ),
+        (
+            {"pstate_ratio": 9999.9999},
+            "P-state ratio must be a decimal number greater than 0 and less than 100",
+        ),
     ],
 )
 def test_requests_no_node_can_meet_are_invalid(fields: dict[str, Any], message: str) -> None:

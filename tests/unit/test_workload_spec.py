@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rmd_api.agent.v1 import agent_pb2
+from rmd_api.limits import MBA_MBPS, MBA_PERCENTAGE, PSTATE_RATIO
 from rmd_api.workload_spec import parse_spec, resource_fields
 
 
@@ -27,9 +28,11 @@ def _specs(draw: st.DrawFn) -> agent_pb2.WorkloadSpec:
         spec.cache.max, spec.cache.min = draw(st.sampled_from([(0, 0), (2, 2), (4, 1), (3, 0)]))
     unit = draw(st.sampled_from([None, "percentage", "mbps"]))
     if unit is not None:
-        setattr(spec.mba, unit, draw(st.integers(0, 5000)))
+        limit = MBA_PERCENTAGE if unit == "percentage" else MBA_MBPS
+        setattr(spec.mba, unit, draw(st.integers(limit.low, limit.high)))
     if draw(st.booleans()):
-        spec.pstate.ratio = draw(st.one_of(st.just(0.0), st.floats(1e-6, 1e6)))
+        ratios = st.floats(PSTATE_RATIO.above, PSTATE_RATIO.below, exclude_min=True, exclude_max=True)
+        spec.pstate.ratio = draw(st.one_of(st.just(0.0), ratios))  # 0.0: no ratio
         spec.pstate.monitoring = draw(st.booleans())
     return spec
 

@@ -20,15 +20,14 @@ and a platform section the built-ins lack starts from the default section.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rmd_agent.errors import ConfigError
+from rmd_api.limits import CACHE_WAYS, MBA_MBPS, MBA_PERCENTAGE, PSTATE_RATIO
 
 DEFAULT_PLATFORM = "default"
-MAX_MBA_MBPS = 4294967290  # RMD's (and the CRD's) upper bound for MBps requests
 
 
 @dataclass(frozen=True)
@@ -136,14 +135,6 @@ def _merge_list(value: Any, where: str) -> Mapping[str, Any]:
     raise ConfigError(f"{where} must be a mapping, not {type(value).__name__}")
 
 
-def _int(value: Any, where: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where} must be an integer, not {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(f"{where} must be within {low}..{high}, not {value}")
-    return value
-
-
 def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
     unknown = sorted(set(data) - set(allowed))
     if unknown:
@@ -159,8 +150,8 @@ def _parse_policy(name: str, raw: Any, where: str) -> Policy:
     _check_keys(cache, ("max", "min"), f"{where}.cache")
     if "max" not in cache or "min" not in cache:
         raise ConfigError(f"{where}.cache needs both max and min")
-    cache_max = _int(cache["max"], f"{where}.cache.max", 0, 64)
-    cache_min = _int(cache["min"], f"{where}.cache.min", 0, 64)
+    cache_max = CACHE_WAYS.require(f"{where}.cache.max", cache["max"], ConfigError)
+    cache_min = CACHE_WAYS.require(f"{where}.cache.min", cache["min"], ConfigError)
     if cache_min > cache_max or (cache_max > 0 and cache_min == 0):
         raise ConfigError(
             f"{where}.cache max={cache_max} min={cache_min} is not a pool: use max == min > 0 (guaranteed), "
@@ -173,9 +164,9 @@ def _parse_policy(name: str, raw: Any, where: str) -> Policy:
         if len(mba) != 1:
             raise ConfigError(f"{where}.mba needs exactly one of percentage or mbps")
         if "percentage" in mba:
-            percentage = _int(mba["percentage"], f"{where}.mba.percentage", 1, 100)
+            percentage = MBA_PERCENTAGE.require(f"{where}.mba.percentage", mba["percentage"], ConfigError)
         else:
-            mbps = _int(mba["mbps"], f"{where}.mba.mbps", 1, MAX_MBA_MBPS)
+            mbps = MBA_MBPS.require(f"{where}.mba.mbps", mba["mbps"], ConfigError)
         if not cache_max == cache_min > 0:
             raise ConfigError(
                 f"{where}: mba needs guaranteed cache (max == min > 0), not max={cache_max} min={cache_min}"
@@ -185,13 +176,7 @@ def _parse_policy(name: str, raw: Any, where: str) -> Policy:
         pstate = _merge_list(data["pstate"], f"{where}.pstate")
         _check_keys(pstate, ("ratio", "monitoring"), f"{where}.pstate")
         if "ratio" in pstate:
-            raw_ratio = pstate["ratio"]
-            try:
-                ratio = float(raw_ratio)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{where}.pstate.ratio must be a number, not {raw_ratio!r}") from None
-            if isinstance(raw_ratio, bool) or not math.isfinite(ratio) or ratio <= 0:
-                raise ConfigError(f"{where}.pstate.ratio must be a positive number, not {raw_ratio!r}")
+            ratio = PSTATE_RATIO.require(f"{where}.pstate.ratio", pstate["ratio"], ConfigError)
         if "monitoring" in pstate:
             # YAML 1.1 reads a bare on/off as a boolean
             raw_mon = pstate["monitoring"]

@@ -20,7 +20,6 @@ problem and the numbers. Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -28,9 +27,7 @@ from enum import StrEnum
 from rmd_agent.errors import AgentError
 from rmd_agent.plan.inventory import NodeInventory
 from rmd_api.cpuset import format_cpu_list
-
-MAX_MBA_PERCENTAGE = 100
-MAX_MBA_MBPS = 4294967290  # RMD's (and the CRD's) bound; resctrl's own limit is U32_MAX
+from rmd_api.limits import CACHE_WAYS, MBA_MBPS, MBA_PERCENTAGE, PSTATE_RATIO
 
 
 class Pool(StrEnum):
@@ -161,6 +158,20 @@ def _describe_mba(w: Workload) -> str:
     return f"MBA {w.mba_percentage}%" if w.mba_percentage is not None else f"MBA {w.mba_mbps} MBps"
 
 
+def _check_limits(w: Workload) -> None:
+    """The ranges the CRD enforces (rmd_api.limits), in the operator's words, for any client of the agent."""
+    for name, value, limit in (
+        ("cache max", w.cache_max, CACHE_WAYS),
+        ("cache min", w.cache_min, CACHE_WAYS),
+        ("MBA percentage", w.mba_percentage, MBA_PERCENTAGE),
+        ("MBA mbps", w.mba_mbps, MBA_MBPS),
+    ):
+        if value is not None:
+            limit.require(name, value, _invalid)
+    if w.pstate_ratio is not None:
+        PSTATE_RATIO.require("P-state ratio", w.pstate_ratio, _invalid)
+
+
 def check_request(w: Workload) -> None:
     """Problems a request has on any node. WorkloadRejected (invalid) names the first one found."""
     if w.all_cores and w.core_ids:
@@ -177,6 +188,7 @@ def check_request(w: Workload) -> None:
         raise _invalid(
             f"spec.policy and cache ways are mutually exclusive: policy {w.policy!r} sets the cache ways"
         )
+    _check_limits(w)
     if w.cache_max is not None or w.cache_min is not None:
         pool_for(w.cache_max or 0, w.cache_min or 0)
     if w.mba_percentage is not None and w.mba_mbps is not None:
@@ -184,10 +196,6 @@ def check_request(w: Workload) -> None:
             "give MBA as a percentage or in MBps, not both "
             f"(percentage={w.mba_percentage}, mbps={w.mba_mbps})"
         )
-    if w.mba_percentage is not None and not 1 <= w.mba_percentage <= MAX_MBA_PERCENTAGE:
-        raise _invalid(f"MBA percentage must be within 1..{MAX_MBA_PERCENTAGE}, not {w.mba_percentage}")
-    if w.mba_mbps is not None and not 1 <= w.mba_mbps <= MAX_MBA_MBPS:
-        raise _invalid(f"MBA mbps must be within 1..{MAX_MBA_MBPS}, not {w.mba_mbps}")
     if w.mba is not None and (w.policy is None or w.resolved):
         pool = pool_for(w.cache_max or 0, w.cache_min or 0)
         if pool is not Pool.GUARANTEED:
@@ -195,8 +203,6 @@ def check_request(w: Workload) -> None:
                 f"{_describe_mba(w)} needs guaranteed cache (max == min > 0); this workload asks for "
                 f"{_describe_cache(w)}"
             )
-    if w.pstate_ratio is not None and not (math.isfinite(w.pstate_ratio) and w.pstate_ratio > 0):
-        raise _invalid(f"P-state ratio must be a positive number, not {w.pstate_ratio}")
     if w.pstate_monitoring not in (None, "on", "off"):
         raise _invalid(f'P-state monitoring must be "on" or "off", not {w.pstate_monitoring!r}')
 
