@@ -27,7 +27,7 @@ from rmd_api.settings_layers import as_plain_dict, dump, layered_values
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-ANY_CLIENT = "*"  # in allowed_clients: any certificate the client CA signed
+ANY_CLIENT = "*"  # in allowed_clients: any certificate the client CA signed, with a DNS SAN
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,9 @@ class AgentSettings:
     allowed_clients: tuple[str, ...] = field(
         default=("rmd-operator",),
         metadata={
-            "help": "client identities allowed to call (certificate SAN DNS/URI, or CN when it has no SAN); "
-            f"'{ANY_CLIENT}' allows any certificate the client CA signed"
+            "help": "DNS names allowed to call: a client is identified by its certificate's DNS SANs "
+            f"only (never its CN or a URI/IP/e-mail SAN); '{ANY_CLIENT}' allows any certificate the client "
+            "CA signed that has a DNS SAN"
         },
     )
     insecure: bool = field(

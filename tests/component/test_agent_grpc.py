@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,7 +41,7 @@ from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 from rmd_sim.pki import CertificateAuthority, KeyPair
 
 OPERATOR = "rmd-operator"
-OPERATOR_SPIFFE = "spiffe://cluster.local/ns/rmd/sa/rmd-operator"
+NO_DNS_SAN = "no DNS name in the client certificate's subject alternative names"
 TIMEOUT = 10.0
 _agent_stub: Any = agent_pb2_grpc.AgentStub  # generated without annotations
 
@@ -123,12 +124,13 @@ class Pki:
     dir: Path
     ca: CertificateAuthority
     server: KeyPair
-    operator: KeyPair  # SAN DNS on the allow list
-    operator_uri: KeyPair  # SAN URI (SPIFFE ID) on the allow list
-    operator_cn: KeyPair  # no SAN, CN on the allow list
-    intruder: KeyPair  # the right CA, an identity not on the list
-    intruder_cn: KeyPair  # SAN not on the list, CN on it: the CN must not count
-    foreign: KeyPair  # another CA, an identity on the list
+    operator: KeyPair  # DNS SAN on the allow list
+    operator_uri: KeyPair  # URI SAN with the allowed name, no DNS SAN: no identity
+    operator_cn: KeyPair  # no SAN, CN with the allowed name: no identity
+    intruder: KeyPair  # the right CA, a DNS SAN not on the list
+    intruder_cn: KeyPair  # DNS SAN not on the list, CN on it: the CN must not count
+    intruder_uri: KeyPair  # DNS SAN not on the list, URI SAN on it: the URI must not count
+    foreign: KeyPair  # another CA, a DNS SAN on the list
 
     def settings(self, **overrides: Any) -> AgentSettings:
         self.write("server", self.server)
@@ -140,7 +142,7 @@ class Pki:
             "tls_cert": self.dir / "server.crt",
             "tls_key": self.dir / "server.key",
             "tls_client_ca": self.dir / "ca.crt",
-            "allowed_clients": (OPERATOR, OPERATOR_SPIFFE),
+            "allowed_clients": (OPERATOR,),
             "shutdown_grace_seconds": 1.0,
         }
         return AgentSettings(**(values | overrides))
@@ -161,10 +163,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         ca=ca,
         server=ca.issue_server("rmd-agent", dns_names=["localhost"], ip_addresses=["127.0.0.1"]),
         operator=ca.issue_client("operator", dns_names=[OPERATOR]),
-        operator_uri=ca.issue_client("operator", uris=[OPERATOR_SPIFFE]),
+        operator_uri=ca.issue_client("operator", uris=[OPERATOR]),
         operator_cn=ca.issue_client(OPERATOR),
         intruder=ca.issue_client("intruder", dns_names=["intruder"]),
         intruder_cn=ca.issue_client(OPERATOR, dns_names=["intruder"]),
+        intruder_uri=ca.issue_client("intruder", dns_names=["intruder"], uris=[OPERATOR]),
         foreign=other.issue_client("operator", dns_names=[OPERATOR]),
     )
 
@@ -336,11 +339,28 @@ async def test_unexpected_error_is_internal_and_logged_with_traceback(
 # -- who may call --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("client", ["operator", "operator_uri", "operator_cn"])
-async def test_allowed_identities(pki: Pki, server: AgentServer, client: str) -> None:
-    async with _channel(pki, server.grpc_port, getattr(pki, client)) as channel:
-        reply = await _agent_stub(channel).ListWorkloads(agent_pb2.ListWorkloadsRequest(), timeout=TIMEOUT)
-    assert list(reply.workloads) == []
+async def _list_as(pki: Pki, port: int, client: KeyPair) -> Any:
+    async with _channel(pki, port, client) as channel:
+        return await _agent_stub(channel).ListWorkloads(agent_pb2.ListWorkloadsRequest(), timeout=TIMEOUT)
+
+
+async def _refused(
+    pki: Pki, port: int, client: KeyPair, code: grpc.StatusCode, caplog: pytest.LogCaptureFixture
+) -> str:
+    """The details of the refusal of `client`'s call, after checking its code and that it was logged."""
+    with (
+        caplog.at_level(logging.WARNING, logger="rmd_agent.server.grpc_service"),
+        pytest.raises(grpc.aio.AioRpcError) as caught,
+    ):
+        await _list_as(pki, port, client)
+    assert caught.value.code() == code
+    assert any(r.getMessage().startswith("refused /rmd.agent.v1.Agent/ListWorkloads") for r in caplog.records)
+    return caught.value.details() or ""
+
+
+async def test_dns_san_on_the_list_is_allowed(pki: Pki, server: AgentServer, engine: FakeEngine) -> None:
+    assert list((await _list_as(pki, server.grpc_port, pki.operator)).workloads) == []
+    assert engine.calls == ["list"]
 
 
 @pytest.mark.parametrize("client", [None, "foreign"])
@@ -354,28 +374,55 @@ async def test_client_without_a_certificate_of_the_client_ca_is_refused_at_the_h
     assert engine.calls == []
 
 
-@pytest.mark.parametrize("client", ["intruder", "intruder_cn"])
-async def test_identity_not_on_the_allow_list_is_denied(
+async def test_cn_is_no_identity(
+    pki: Pki, server: AgentServer, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    details = await _refused(pki, server.grpc_port, pki.operator_cn, grpc.StatusCode.UNAUTHENTICATED, caplog)
+    assert details == NO_DNS_SAN
+    assert engine.calls == []
+
+
+async def test_uri_san_is_no_identity(
+    pki: Pki, server: AgentServer, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    details = await _refused(pki, server.grpc_port, pki.operator_uri, grpc.StatusCode.UNAUTHENTICATED, caplog)
+    assert details == NO_DNS_SAN
+    assert engine.calls == []
+
+
+async def test_dns_san_not_on_the_list_is_denied(
+    pki: Pki, server: AgentServer, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    details = await _refused(pki, server.grpc_port, pki.intruder, grpc.StatusCode.PERMISSION_DENIED, caplog)
+    assert "intruder" in details
+    assert engine.calls == []
+
+
+@pytest.mark.parametrize("client", ["intruder_cn", "intruder_uri"])
+async def test_cn_or_uri_san_on_the_list_does_not_count_beside_a_wrong_dns_san(
     pki: Pki, server: AgentServer, engine: FakeEngine, client: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="rmd_agent.server.grpc_service"):
-        async with _channel(pki, server.grpc_port, getattr(pki, client)) as channel:
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await _agent_stub(channel).ApplyWorkload(_apply("db"), timeout=TIMEOUT)
-    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "intruder" in (caught.value.details() or "")
+    details = await _refused(
+        pki, server.grpc_port, getattr(pki, client), grpc.StatusCode.PERMISSION_DENIED, caplog
+    )
+    assert "intruder" in details
+    assert OPERATOR not in details
     assert engine.calls == []
-    assert any("refused" in r.getMessage() and "intruder" in r.getMessage() for r in caplog.records)
 
 
-async def test_wildcard_allows_any_client_of_the_ca(pki: Pki, engine: FakeEngine) -> None:
+async def test_wildcard_allows_any_client_of_the_ca_with_a_dns_san(
+    pki: Pki, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
     agent = AgentServer(pki.settings(allowed_clients=("*",)), engine)
     await agent.start()
     try:
-        async with _channel(pki, agent.grpc_port, pki.intruder) as channel:
-            await _agent_stub(channel).ListWorkloads(agent_pb2.ListWorkloadsRequest(), timeout=TIMEOUT)
+        await _list_as(pki, agent.grpc_port, pki.intruder)
+        details = await _refused(
+            pki, agent.grpc_port, pki.operator_cn, grpc.StatusCode.UNAUTHENTICATED, caplog
+        )
     finally:
         await agent.stop()
+    assert details == NO_DNS_SAN
     assert engine.calls == ["list"]
 
 
@@ -511,11 +558,18 @@ def test_empty_allow_list_is_a_config_error(pki: Pki) -> None:
         asyncio.run(agent.start())
 
 
+@pytest.mark.parametrize("entry", ["spiffe://cluster.local/ns/rmd/sa/rmd-operator", "ops@example.com"])
+def test_allow_list_entry_that_is_no_dns_name_is_a_config_error(pki: Pki, entry: str) -> None:
+    agent = AgentServer(pki.settings(allowed_clients=(OPERATOR, entry)), FakeEngine())
+    with pytest.raises(ConfigError, match=re.escape(f"allowed_clients: {entry!r} is not a DNS name")):
+        asyncio.run(agent.start())
+
+
 def test_serve_settings_from_flags_environment_and_file(tmp_path: Path) -> None:
     config = tmp_path / "agent.yaml"
-    config.write_text("allowed_clients: [a, 'spiffe://x/y']\ngrpc_listen: 127.0.0.1:1\ninsecure: false\n")
+    config.write_text("allowed_clients: [a, 'b.example']\ngrpc_listen: 127.0.0.1:1\ninsecure: false\n")
     settings = load_settings({"insecure": True}, {"RMD_HTTP_LISTEN": "[::1]:9"}, config)
-    assert settings.allowed_clients == ("a", "spiffe://x/y")
+    assert settings.allowed_clients == ("a", "b.example")
     assert (settings.grpc_listen, settings.http_listen, settings.insecure) == ("127.0.0.1:1", "[::1]:9", True)
     assert load_settings(environ={"RMD_ALLOWED_CLIENTS": "a, b,"}).allowed_clients == ("a", "b")
 

@@ -35,6 +35,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rmd_agent.server.tls import client_dns_names, is_allowed
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 from rmd_api.cpuset import parse_cpu_list
 from rmd_sim import pki
@@ -202,9 +203,9 @@ class _Service(agent_pb2_grpc.AgentServicer):
         with self.agent._lock:
             self.agent.calls.append(method)
         if self.agent._credentials is not None:
-            identities = [i.decode() for i in context.peer_identities() or ()]
-            if OPERATOR_IDENTITY not in identities:
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"client {identities} not allowed")
+            names = client_dns_names(context.auth_context())
+            if not is_allowed(names, frozenset({OPERATOR_IDENTITY})):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"client {names} not allowed")
 
     async def ApplyWorkload(
         self, request: agent_pb2.ApplyWorkloadRequest, context: grpc.aio.ServicerContext[Any, Any]

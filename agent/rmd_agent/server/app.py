@@ -36,7 +36,7 @@ from rmd_agent.server.grpc_service import AgentInterceptor, AgentService
 from rmd_agent.server.http_endpoints import HealthHttpServer
 from rmd_agent.server.metrics import GrpcMetrics
 from rmd_agent.server.serving_cert import ServingCertificate
-from rmd_agent.server.tls import server_credentials
+from rmd_agent.server.tls import check_allowed_clients, server_credentials
 from rmd_agent.settings import AgentSettings, split_host_port
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.agent_certs import MIN_EXPIRATION_SECONDS
@@ -73,11 +73,8 @@ def check_serve_settings(settings: AgentSettings) -> grpc.ServerCredentials | No
     server credentials, None with insecure."""
     split_host_port(settings.grpc_listen)
     split_host_port(settings.http_listen)
-    if not settings.insecure and not settings.allowed_clients:
-        raise ConfigError(
-            "allowed_clients is empty, so no client could call: name the operator's certificate identity, "
-            "or '*' to accept any certificate the client CA signed"
-        )
+    if not settings.insecure:
+        check_allowed_clients(settings.allowed_clients)
     if settings.shutdown_grace_seconds < 0:
         raise ConfigError(f"shutdown_grace_seconds cannot be negative ({settings.shutdown_grace_seconds})")
     if settings.tls_csr and not settings.insecure:

@@ -22,7 +22,7 @@ from rmd_agent.errors import AgentError, KubeletUnavailable
 from rmd_agent.plan.workload import RejectReason, WorkloadRejected
 from rmd_agent.server import convert
 from rmd_agent.server.metrics import GrpcMetrics
-from rmd_agent.server.tls import decode_identities, is_allowed
+from rmd_agent.server.tls import NO_DNS_NAME, client_dns_names, is_allowed
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -171,21 +171,16 @@ class AgentInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def _authorize(self, method: str, context: Context) -> None:
         if self.allowed is None:
             return
-        identities = decode_identities(context.peer_identities())
-        if not identities:
-            log.warning("refused %s from %s: no client certificate identity", method, context.peer())
-            raise CallRefused(grpc.StatusCode.UNAUTHENTICATED, "no client certificate identity")
-        if not is_allowed(identities, self.allowed):
-            log.warning(
-                "refused %s from %s: client identity %s is not in allowed_clients",
-                method,
-                context.peer(),
-                ", ".join(identities),
-            )
-            raise CallRefused(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"client identity {', '.join(identities)} may not call this agent (see allowed_clients)",
-            )
+        names = client_dns_names(context.auth_context())
+        if is_allowed(names, self.allowed):
+            return
+        if names:
+            code = grpc.StatusCode.PERMISSION_DENIED
+            reason = f"the client certificate's DNS names are not in allowed_clients: {', '.join(names)}"
+        else:
+            code, reason = grpc.StatusCode.UNAUTHENTICATED, NO_DNS_NAME
+        log.warning("refused %s from %s: %s", method, context.peer(), reason)
+        raise CallRefused(code, reason)
 
     def _failed(self, method: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
         code, message = status_for(exc)

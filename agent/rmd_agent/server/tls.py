@@ -1,19 +1,22 @@
 """mTLS for the agent's gRPC server: credentials from PEM files, and who the client is.
 
 The handshake (grpc core) already refuses a client without a certificate or with one its CA bundle does not
-verify. What is left to the agent is which verified clients may call: a client's identities are its
-certificate's subject alternative names (DNS, URI such as a SPIFFE ID, ...), or its subject CN when it has
-no SAN -- what grpc reports as the peer identities, and the rule of RFC 6125 (the CN is a fallback only).
+verify. What is left to the agent is which verified clients may call: a client's identities are the DNS
+names in its certificate's subject alternative names, and nothing else (docs/security.md). Not grpc's peer
+identities: those are every SAN, or the CN when there is none, so a URI SAN or a bare CN `rmd-operator`
+would pass for the operator.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
+from cryptography import x509
 
 from rmd_agent.errors import ConfigError
 from rmd_agent.settings import ANY_CLIENT
@@ -75,11 +78,47 @@ def server_credentials(cert: Path, key: Path, client_ca: Path) -> grpc.ServerCre
     return grpc.dynamic_ssl_server_credentials(initial, fetch, require_client_authentication=True)
 
 
-def decode_identities(raw: Iterable[bytes] | None) -> tuple[str, ...]:
-    return tuple(i.decode("utf-8", "replace") for i in raw or ())
+NO_DNS_NAME = "no DNS name in the client certificate's subject alternative names"
+_NEVER_IN_DNS_NAMES = frozenset(":/@ \t")  # in URIs, e-mail addresses, IPv6 addresses
 
 
-def is_allowed(identities: Iterable[str], allowed: frozenset[str]) -> bool:
-    """Whether any identity is on the allow list (exact match), or the list holds the wildcard."""
-    ids = tuple(identities)
-    return bool(ids) and (ANY_CLIENT in allowed or any(i in allowed for i in ids))
+def check_allowed_clients(allowed: Iterable[str]) -> None:
+    """ConfigError for an allow list no client could ever match: empty, or with an entry that is no DNS
+    name (a SPIFFE ID, say) -- refused at start rather than at every call."""
+    entries = tuple(allowed)
+    if not entries:
+        raise ConfigError(
+            "allowed_clients is empty, so no client could call: name the DNS name in the operator's "
+            f"certificate, or '{ANY_CLIENT}' to accept any certificate with a DNS SAN the client CA signed"
+        )
+    for entry in entries:
+        if not _NEVER_IN_DNS_NAMES.isdisjoint(entry):
+            raise ConfigError(
+                f"allowed_clients: {entry!r} is not a DNS name; clients are identified only by the DNS "
+                "names in their certificate's subject alternative names (never a URI, e-mail or IP SAN, "
+                "nor the subject CN)"
+            )
+
+
+@functools.lru_cache(maxsize=64)  # one parse per client certificate, not per call; bounded across rotations
+def dns_names(cert_pem: bytes) -> tuple[str, ...]:
+    """The DNS names among a PEM certificate's subject alternative names."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return ()
+    return tuple(sans.get_values_for_type(x509.DNSName))
+
+
+def client_dns_names(auth_context: Mapping[str, Iterable[bytes]]) -> tuple[str, ...]:
+    """The DNS names of the verified client certificate of a call's auth context (none without TLS)."""
+    pems = tuple(auth_context.get("x509_pem_cert", ()))
+    return dns_names(pems[0]) if pems else ()
+
+
+def is_allowed(names: Iterable[str], allowed: frozenset[str]) -> bool:
+    """Whether any of a client's DNS names is on the allow list (exact match), or the list holds the
+    wildcard. A client without a DNS name never is, wildcard or not."""
+    found = tuple(names)
+    return bool(found) and (ANY_CLIENT in allowed or not allowed.isdisjoint(found))
