@@ -64,7 +64,6 @@ class PodFlow:
     ) -> None:
         self._settings = settings
         self._objects = objects
-        self._post = events
         self._node_agents: dict[str, NodeAgent] = {}
         self._pods: dict[str, TrackedPod] = {}
         self._outcomes = PodOutcomes(settings, objects=objects, events=events)

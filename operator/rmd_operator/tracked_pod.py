@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmd_operator import pods
+from rmd_operator.pod_objects import Obj
 
 log = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
 
 
 @dataclass

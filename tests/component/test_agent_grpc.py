@@ -374,18 +374,14 @@ async def test_client_without_a_certificate_of_the_client_ca_is_refused_at_the_h
     assert engine.calls == []
 
 
-async def test_cn_is_no_identity(
-    pki: Pki, server: AgentServer, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("client", ["operator_cn", "operator_uri"])
+async def test_cn_or_uri_san_is_no_identity(
+    pki: Pki, server: AgentServer, engine: FakeEngine, caplog: pytest.LogCaptureFixture, client: str
 ) -> None:
-    details = await _refused(pki, server.grpc_port, pki.operator_cn, grpc.StatusCode.UNAUTHENTICATED, caplog)
-    assert details == NO_DNS_SAN
-    assert engine.calls == []
-
-
-async def test_uri_san_is_no_identity(
-    pki: Pki, server: AgentServer, engine: FakeEngine, caplog: pytest.LogCaptureFixture
-) -> None:
-    details = await _refused(pki, server.grpc_port, pki.operator_uri, grpc.StatusCode.UNAUTHENTICATED, caplog)
+    """CN `rmd-operator` without a SAN, or URI SAN `rmd-operator`: no DNS name, so no identity."""
+    details = await _refused(
+        pki, server.grpc_port, getattr(pki, client), grpc.StatusCode.UNAUTHENTICATED, caplog
+    )
     assert details == NO_DNS_SAN
     assert engine.calls == []
 
