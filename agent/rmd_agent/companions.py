@@ -177,6 +177,12 @@ class Companions:
             self._listeners.append(lambda: writer.notify("workloads changed"))
             self._stoppers.append(writer.stop)
             self._spawn("node-state", writer.run())
+            if settings.heartbeat_seconds > 0:
+                from rmd_agent.heartbeat import Heartbeat  # noqa: PLC0415  # optional
+
+                heartbeat = Heartbeat(settings, factory, on_recovered=writer.recheck)
+                self._stoppers.append(heartbeat.stop)
+                self._spawn("heartbeat", heartbeat.run())
 
     async def stop(self, grace: float = 10.0) -> None:
         """Ask every task to finish (the RmdNodeState writer marks the node not ready); cancel stragglers."""

@@ -337,6 +337,7 @@ class NodeStateWriter:
         self._clock = clock
         self._wake = asyncio.Event()
         self._stopping = False
+        self._verify_soon = False
         self._object: ObjectWriter | None = None  # made by run(), with the API client
         self.syncs = 0  # completed refreshes, for tests and metrics
         self.failures = 0
@@ -354,6 +355,12 @@ class NodeStateWriter:
     def notify(self, reason: str = "changed") -> None:
         """Refresh soon, e.g. after a workload was applied or removed."""
         log.debug("RmdNodeState %s refresh requested: %s", self.name, reason)
+        self._wake.set()
+
+    def recheck(self) -> None:
+        """Re-read the object soon instead of trusting memory: someone else may have written it (the operator
+        marks Ready=False when the heartbeat expires)."""
+        self._verify_soon = True
         self._wake.set()
 
     def stop(self) -> None:
@@ -398,7 +405,8 @@ class NodeStateWriter:
         backoff = 0.0
         while not self._stopping:
             self._wake.clear()
-            verify = time.monotonic() >= next_verify
+            verify = self._verify_soon or time.monotonic() >= next_verify
+            self._verify_soon = False
             try:
                 observed = await self._observe()
                 # Owner and spec first: the status patch then carries the resourceVersion they left.

@@ -186,6 +186,13 @@ class AgentSettings:
     node_state_resync_seconds: float = field(
         default=60.0, metadata={"help": "how often the RmdNodeState is re-read, and recreated or repaired"}
     )
+    heartbeat_seconds: float = field(
+        default=5.0,
+        metadata={
+            "help": "how often the agent renews its heartbeat Lease rmd-agent-<node> (beside the "
+            "RmdNodeState; it lasts 2.5 renewals, then the operator marks the node not ready); 0: none"
+        },
+    )
 
     def host_path(self, rel: str) -> Path:
         return self.host_root / rel.lstrip("/")

@@ -11,6 +11,10 @@ kopf's file mode (it would put this directory on sys.path).
     Node          indexed by name (labels); label changes wake the workloads they may concern.
     RmdNodeState  (written by each agent, in node_state_namespace only) indexed by node; changes wake the
                   workloads of that node, reset its backoff, and occasionally trigger an orphan sweep.
+    Lease         the agents' heartbeats (rmd-agent-<node> in node_state_namespace, watched with a label
+                  selector): heartbeats.py marks an RmdNodeState Ready=False when its agent's Lease expires;
+                  a renewal may trigger the periodic orphan sweep, and a new holder (the agent restarted)
+                  triggers one as soon as the agent is ready.
     Pod           only pods bound to a node with a container limit on intel.com/l3_cache_ways: the pod flow
                   (pod_flow.py) creates their RmdWorkloads, and reacts to those workloads' status through the
                   RmdWorkload events. Standalone, pods come through our own watch (pod_watch.py), which keeps
@@ -20,7 +24,8 @@ kopf's file mode (it would put this directory on sys.path).
 Every handler is a coroutine: kopf runs plain functions in worker threads, and the reconciler's state
 (asyncio events, tasks, gRPC channels) belongs to the event loop. Raw watch events, not on.update/on.field,
 trigger the wake-ups: they need no last-handled annotation, so the operator never writes to Nodes or
-RmdNodeStates (and to RmdWorkloads only their status and its finalizer; the pod flow writes the RmdWorkloads
+RmdNodeStates except the Ready condition of one whose heartbeat expired (and to RmdWorkloads only their status
+and its finalizer; the pod flow writes the RmdWorkloads
 of pods, and deletes pods whose request failed unless delete_failed_pods is false). Pods are never annotated.
 """
 
@@ -36,12 +41,14 @@ import kopf
 
 from rmd_api.agent_certs import SIGNER_NAME
 from rmd_api.names import RMD_NODE_STATE, RMD_WORKLOAD
+from rmd_api.node_state import LEASE_LABEL, LEASE_LABEL_VALUE
 from rmd_operator.agent_certs import needs_action
 from rmd_operator.agent_client import AgentClients, close_quietly
 from rmd_operator.csr_signer import AgentCertificateSigner
 from rmd_operator.errors import ConfigError, RetryLater
 from rmd_operator.events import EventPoster
-from rmd_operator.kube import StatusWriter
+from rmd_operator.heartbeats import AgentLiveness, Seen
+from rmd_operator.kube import NodeStateApi, StatusWriter
 from rmd_operator.pod_flow import PodFlow
 from rmd_operator.pod_objects import PodObjectsApi
 from rmd_operator.pod_watch import BOUND, PodWatch, wanted
@@ -60,6 +67,7 @@ CSR_GROUP = "certificates.k8s.io"
 # kopf's (group, version, plural) of the resources handled here.
 WORKLOADS = (RMD_WORKLOAD.group, RMD_WORKLOAD.version, RMD_WORKLOAD.plural)
 NODE_STATES = (RMD_NODE_STATE.group, RMD_NODE_STATE.version, RMD_NODE_STATE.plural)
+LEASES = ("coordination.k8s.io", "v1", "leases")
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
@@ -74,7 +82,7 @@ def pod_wanted(body: kopf.Body, **_: Any) -> bool:
 
 
 def node_state_in_scope(namespace: str | None, **_: Any) -> bool:
-    # RmdNodeStates elsewhere are not the agents': an endpoint from them is never used.
+    # RmdNodeStates (and Leases) elsewhere are not the agents': an endpoint from them is never used.
     return namespace == SETTINGS.node_state_namespace
 
 
@@ -134,6 +142,8 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.watching.field_selectors[CSR_GROUP, "certificatesigningrequests"] = (
         f"spec.signerName={SIGNER_NAME}"
     )
+    # Only the agents' heartbeats, not every Lease of the cluster (each node's kubelet renews one).
+    settings.watching.label_selectors[LEASES[0], LEASES[2]] = f"{LEASE_LABEL}={LEASE_LABEL_VALUE}"
     logging.getLogger("rmd_operator").setLevel(ours.log_level.upper())
 
 
@@ -156,6 +166,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         except ConfigError as exc:  # an unreadable CA: retrying will not help
             raise kopf.PermanentError(str(exc)) from None
     memo.reconciler = Reconciler(SETTINGS, agents=clients, status_sink=writer, events=events.post)
+    memo.liveness_api = liveness_api = await NodeStateApi.create(SETTINGS.node_state_namespace)
+    memo.liveness = liveness = AgentLiveness(liveness_api, SETTINGS.node_state_namespace)
+    memo.liveness_task = asyncio.create_task(liveness.run(), name="agent-heartbeats")
     memo.pod_flow = pod_flow = PodFlow(SETTINGS, agents=clients, objects=pod_objects, events=events.post)
     if not SETTINGS.peering:
         # One watch per handled namespace (the RBAC may allow pods there only), else one for all.
@@ -198,6 +211,11 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     reconciler: Reconciler | None = memo.get("reconciler")
     if reconciler is not None:
         await reconciler.close()
+    liveness_task: asyncio.Task[None] | None = memo.get("liveness_task")
+    if liveness_task is not None:
+        liveness_task.cancel()
+        await asyncio.gather(liveness_task, return_exceptions=True)
+        await asyncio.to_thread(memo.liveness_api.close)
     await close_quietly(memo.get("agent_clients"))
     signer: AgentCertificateSigner | None = memo.get("agent_signer")
     if signer is not None:
@@ -251,6 +269,29 @@ async def node_state_event(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs
     reconciler.agent_changed(node, agent)
     pod_flow: PodFlow = memo.pod_flow
     pod_flow.agent_changed(node, agent)
+    _sweep_orphans_if_due(reconciler, node, agent, kwargs)
+
+
+@kopf.on.event(*LEASES, when=node_state_in_scope)
+async def agent_lease_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:  # noqa: A002
+    liveness: AgentLiveness = memo.liveness
+    seen = liveness.lease_changed(type, body)
+    if seen is None:
+        return
+    node, what = seen
+    reconciler: Reconciler = memo.reconciler
+    if what is Seen.RESTARTED:
+        log.info("the agent of node %s restarted (new heartbeat holder)", node, extra={"node": node})
+        reconciler.orphans.restarted(node)
+    agents = _index(kwargs, "node_agents")
+    agent = next(iter(agents.get(node, ())), None)
+    _sweep_orphans_if_due(reconciler, node, agent, kwargs)
+
+
+def _sweep_orphans_if_due(
+    reconciler: Reconciler, node: str, agent: NodeAgent | None, kwargs: Mapping[str, Any]
+) -> None:
+    """Start an orphan sweep of the node when one is due (orphans.py) and its agent can answer."""
     if not (SETTINGS.remove_orphans and agent is not None and agent.endpoint and agent.ready is not False):
         return
     if reconciler.orphans.due(node):

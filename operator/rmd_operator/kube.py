@@ -1,4 +1,5 @@
-"""The operator's own writes to the Kubernetes API: RmdWorkload status, through the status subresource.
+"""The operator's own writes to the Kubernetes API: RmdWorkload status, through the status subresource, and
+the Ready condition of an RmdNodeState whose agent's heartbeat expired (heartbeats.py).
 
 kopf applies a handler's `patch` only when the handler returns, and a per-workload daemon never returns while
 it runs, so the reconciler writes status itself, under the workload's lock, in the order it decides it. The
@@ -10,8 +11,9 @@ client ignores HTTP(S)_PROXY.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import urllib3
@@ -19,7 +21,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from rmd_api.names import RMD_WORKLOAD
+from rmd_api.names import RMD_NODE_STATE, RMD_WORKLOAD
+from rmd_api.node_state import node_state_name
 from rmd_operator.errors import OperatorError
 
 log = logging.getLogger(__name__)
@@ -80,3 +83,82 @@ class StatusWriter:
 
     def close(self) -> None:
         self._api.close()
+
+
+class NodeStateApi:
+    """What heartbeats.AgentLiveness reads and writes in the agents' namespace: their Leases, and the
+    RmdNodeStates' status. Create with `await NodeStateApi.create(namespace)`; `close()` at exit."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._objects = client.CustomObjectsApi(api)
+        self._leases = client.CoordinationV1Api(api)
+
+    @classmethod
+    async def create(cls, namespace: str) -> NodeStateApi:
+        configuration = await asyncio.to_thread(load_configuration)
+        return cls(client.ApiClient(configuration=configuration), namespace)
+
+    async def read_lease(self, name: str) -> dict[str, Any] | None:
+        def call() -> dict[str, Any]:
+            response: Any = self._leases.read_namespaced_lease(  # raw: _preload_content=False
+                name, self._namespace, _preload_content=False, _request_timeout=_REQUEST_TIMEOUT_SECONDS
+            )
+            lease: dict[str, Any] = json.loads(response.data)
+            return lease
+
+        return await self._read(call, f"Lease {name}")
+
+    async def read_node_state(self, node: str) -> dict[str, Any] | None:
+        def call() -> dict[str, Any]:
+            state: Any = self._objects.get_namespaced_custom_object(
+                *_node_states(self._namespace),
+                node_state_name(node),
+                _request_timeout=_REQUEST_TIMEOUT_SECONDS,
+            )
+            return dict(state)
+
+        return await self._read(call, f"RmdNodeState of {node}")
+
+    async def patch_node_state_status(self, node: str, patch: Mapping[str, Any]) -> bool:
+        """Merge-patch the status; False if the object changed since the resourceVersion in `patch`."""
+
+        def call() -> None:
+            self._objects.patch_namespaced_custom_object_status(
+                *_node_states(self._namespace),
+                node_state_name(node),
+                dict(patch),
+                _content_type="application/merge-patch+json",
+                _request_timeout=_REQUEST_TIMEOUT_SECONDS,
+            )
+
+        try:
+            await asyncio.to_thread(call)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            if exc.status == 404:
+                return True  # gone: nothing left to mark
+            raise KubeError(f"status of RmdNodeState of {node}: {exc.status} {exc.reason}") from None
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            raise KubeError(f"status of RmdNodeState of {node}: {exc}") from None
+        return True
+
+    async def _read(self, call: Callable[[], dict[str, Any]], what: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await asyncio.to_thread(call)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise KubeError(f"{what}: {exc.status} {exc.reason}") from None
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            raise KubeError(f"{what}: {exc}") from None
+        return found
+
+    def close(self) -> None:
+        self._api.close()
+
+
+def _node_states(namespace: str) -> tuple[str, str, str, str]:
+    return RMD_NODE_STATE.group, RMD_NODE_STATE.version, namespace, RMD_NODE_STATE.plural

@@ -3,7 +3,9 @@
 Deleting a workload normally goes through its finalizer (reconcile.py `finalize`). When someone takes the
 finalizer off by hand, or the object goes while its node's agent is away, the agent keeps the workload; a
 sweep compares what an agent lists with the RmdWorkloads that exist (same namespace, name and uid) and removes
-the rest, at most once per interval per node.
+the rest. A node is due for a sweep once per interval (the handlers ask on every RmdNodeState change and every
+heartbeat renewal, so at least that often while the agent is alive), and at once after its agent restarted:
+a workload deleted while the agent was down would otherwise hold its CPUs and cache until the next interval.
 """
 
 from __future__ import annotations
@@ -37,10 +39,15 @@ class OrphanSweeper:
         self._interval = interval
         self._clock = clock
         self._swept_at: dict[str, float] = {}
+        self._restarted: set[str] = set()  # nodes whose agent restarted since their last sweep
+
+    def restarted(self, node: str) -> None:
+        """The node's agent started again: sweep it as soon as it answers."""
+        self._restarted.add(node)
 
     def due(self, node: str) -> bool:
         last = self._swept_at.get(node)
-        return last is None or self._clock() - last >= self._interval
+        return node in self._restarted or last is None or self._clock() - last >= self._interval
 
     async def sweep(
         self,
@@ -52,9 +59,13 @@ class OrphanSweeper:
         """Remove from the node every workload whose RmdWorkload (same namespace, name and uid) no longer
         exists, among the namespaces this operator handles; returns their namespace/name."""
         self._swept_at[node] = self._clock()
+        restarted = node in self._restarted
+        self._restarted.discard(node)
         try:
             listed = await self._inventories.list(node, endpoint, not_before=self._clock())
         except CallFailure as exc:
+            if restarted:
+                self._restarted.add(node)  # still owed: the next chance takes it
             log.info(
                 "orphan sweep of node %s skipped: %s", node, exc, extra={"node": node, "error": str(exc)}
             )

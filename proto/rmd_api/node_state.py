@@ -10,6 +10,8 @@ fields themselves are the CRD's (crds/rmdnodestates.intel.com.yaml).
 
 from __future__ import annotations
 
+import math
+
 NAME_PREFIX = "rmd-node-state-"  # the CRD enforces rmd-node-state-<spec.node>
 
 
@@ -39,3 +41,26 @@ AGENT_READY = "AgentReady"
 ENGINE_NOT_READY = "EngineNotReady"
 ENGINE_UNAVAILABLE = "EngineUnavailable"
 AGENT_STOPPED = "AgentStopped"
+# Given by the operator, not the agent: the agent stopped renewing its heartbeat Lease (below) while its
+# RmdNodeState said Ready=True. The agent's next write of the condition replaces it.
+HEARTBEAT_EXPIRED = "HeartbeatExpired"
+
+# The agent's heartbeat: a coordination.k8s.io/v1 Lease in the RmdNodeState's namespace, renewed every
+# heartbeat_seconds (docs/node-state.md "Heartbeat"). Its holderIdentity is new at every start of the agent,
+# so the operator also learns from it that an agent restarted.
+LEASE_PREFIX = "rmd-agent-"
+LEASE_LABEL = "app.kubernetes.io/managed-by"
+LEASE_LABEL_VALUE = "rmd-agent"
+
+
+def lease_name(node: str) -> str:
+    """The name of `node`'s agent heartbeat Lease."""
+    return LEASE_PREFIX + node
+
+
+def lease_duration_seconds(renew_seconds: float) -> int:
+    """How long a renewal counts: two and a half renew periods (rounded up to the Lease's whole seconds).
+    One late or lost renewal is tolerated, and a dead agent is declared within three periods of its death:
+    its last renewal was at most at its death, and expiry comes 2.5 periods after that renewal, leaving half
+    a period for the operator to notice and write."""
+    return max(1, math.ceil(2.5 * renew_seconds))

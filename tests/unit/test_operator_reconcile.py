@@ -323,6 +323,30 @@ async def test_orphan_sweep(world: Any) -> None:
     assert not r.orphans.due("a")
 
 
+async def test_a_restarted_agent_is_swept_at_once_and_a_failed_sweep_stays_owed(world: Any) -> None:
+    """Issue #13: a workload deleted (finalizer removed) while its agent was down blocked its CPUs until the
+    next interval; the restart makes the node due at once, and a sweep that cannot list keeps it due."""
+    clock, agents, _ = world
+    r = reconciler(world, Sink(body([])))
+    gone = agent_pb2.Workload(ref=agent_pb2.WorkloadRef(namespace="ns", name="gone", uid="u1"))
+
+    async def sweep() -> list[str]:
+        clock.now += 1.0  # each sweep lists the agent anew
+        return await r.orphans.sweep("a", "10.0.0.0:1", lambda ns, name: None, lambda ns: True)
+
+    assert await sweep() == []
+    assert not r.orphans.due("a")  # swept within the interval
+    agents.held["a"] = {("ns", "gone"): gone}  # the agent restarted with a workload deleted meanwhile
+    r.orphans.restarted("a")
+    assert r.orphans.due("a")
+    agents.down.add("a")
+    assert await sweep() == []  # the agent does not answer yet
+    assert r.orphans.due("a")
+    agents.down.clear()
+    assert await sweep() == ["ns/gone"]
+    assert not r.orphans.due("a")
+
+
 # "9999.9999": an object stored before the CRD bounded the ratio (issue #13) is refused, not applied.
 @pytest.mark.parametrize("ratio", ["fast", "9999.9999"])
 async def test_invalid_spec_is_reported_without_calls(world: Any, ratio: str) -> None:

@@ -75,8 +75,9 @@ def check_serve_settings(settings: AgentSettings) -> grpc.ServerCredentials | No
     split_host_port(settings.http_listen)
     if not settings.insecure:
         check_allowed_clients(settings.allowed_clients)
-    if settings.shutdown_grace_seconds < 0:
-        raise ConfigError(f"shutdown_grace_seconds cannot be negative ({settings.shutdown_grace_seconds})")
+    for name in ("shutdown_grace_seconds", "heartbeat_seconds"):
+        if getattr(settings, name) < 0:
+            raise ConfigError(f"setting {name} cannot be negative ({getattr(settings, name)})")
     if settings.tls_csr and not settings.insecure:
         if not settings.node_name:
             raise ConfigError("tls_csr needs node_name (or $NODE_NAME): the certificate names the node")
