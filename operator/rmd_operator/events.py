@@ -26,12 +26,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rmd_operator.kube import load_configuration
-from rmd_operator.status import EventText
+from rmd_operator.status import MESSAGE_LIMIT, EventText
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "rmd-operator"
-MESSAGE_LIMIT = 1000  # below the API server's 1 KiB cap on an Event's message
 _TRIES = (0.5, 1.0, 2.0)  # pauses between tries after connection trouble or a server error
 _REQUEST_TIMEOUT_SECONDS = 30.0
 _SENDERS = 4  # Events in flight at once: a burst of changes must not leave its Events a minute behind

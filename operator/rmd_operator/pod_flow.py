@@ -6,8 +6,8 @@ collector deletes them with their pod.
 
 For each pod (by uid) whose request changed:
 
-1. an Event for each refusal (not Guaranteed, fractional CPUs, invalid annotations) and for annotations that
-   configure nothing;
+1. an Event for each refusal (not Guaranteed, fractional CPUs), and one for all the annotation problems
+   (invalid values, annotations that configure nothing);
 2. per qualifying container, concurrently:
    a. once the node's kubelet has taken the pod (its status has a start time: the kubelet admitted it), its
       CPUs from the node's agent (GetContainerCpus), retried until the kubelet has allocated them (and
@@ -197,10 +197,11 @@ class PodFlow:
         task.add_done_callback(done)
 
     def _announce(self, pod: TrackedPod) -> None:
-        """Events for the request's refusals and ignored annotations, each once per pod."""
+        """Events for the request's refusals and one for all its annotation problems, each once per pod."""
         texts = [pods.refusal_event(r) for r in pod.request.refusals]
-        if pod.request.ignored:
-            texts.append(pods.ignored_event(pod.request.ignored))
+        annotations = pods.annotation_event(pod.request)
+        if annotations is not None:
+            texts.append(annotations)
         for text in texts:
             self._post_once(pod, text)
 

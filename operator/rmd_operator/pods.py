@@ -2,10 +2,9 @@
 container, and what a failure means. Pure: no I/O (pod_flow.py does the calls).
 
 A container gets an RmdWorkload `<pod>-rmd-workload-<container>` when it has a limit on
-`intel.com/l3_cache_ways`, its pod's QoS class is Guaranteed and its CPU request is a whole number (so the
-kubelet's static CPU manager gives it exclusive CPUs). Its annotations are `<container>_<setting>`. Container
-names are DNS labels and never contain "_", so a key splits into container and setting at its first "_": the
-container part must equal the name (rmd-operator matched prefixes, so `c1_policy` also configured `c10`).
+`intel.com/l3_cache_ways`, its pod's QoS class is Guaranteed, its CPU request is a whole number (so the
+kubelet's static CPU manager gives it exclusive CPUs) and its annotations (pod_annotations.py) are valid.
+Every annotation problem of a pod goes into one Event.
 """
 
 from __future__ import annotations
@@ -13,19 +12,20 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from rmd_api import limits
 from rmd_api.cpuset import format_cpu_list
 from rmd_api.names import CACHE_WAYS_RESOURCE as CACHE_WAYS
 from rmd_api.names import RMD_WORKLOAD
 from rmd_api.node_state import POD_RESOURCES, POD_RESOURCES_GET, node_state_name
+from rmd_operator import pod_annotations
 from rmd_operator.status import (
     FAILED,
+    MESSAGE_LIMIT,
     PENDING,
     SUCCESSFUL,
     UNSATISFIABLE,
@@ -44,21 +44,9 @@ MANAGED_BY = "rmd-operator"
 GUARANTEED = "Guaranteed"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
-# Annotation settings, `<container>_<setting>`.
-POLICY = "policy"
-CACHE_MIN = "cache_min"
-MBA_PERCENTAGE = "mba_percentage"
-MBA_MBPS = "mba_mbps"
-PSTATE_RATIO = "pstate_ratio"
-PSTATE_MONITORING = "pstate_monitoring"
-SETTINGS = (POLICY, CACHE_MIN, MBA_PERCENTAGE, MBA_MBPS, PSTATE_RATIO, PSTATE_MONITORING)
-
-POLICIES = ("gold", "silver", "bronze")
 _MAX_NAME = 253  # an object name is a DNS subdomain
 _MAX_LABEL_VALUE = 63
 _MAX_CPU_LIST_ITEM = 128  # the CRD's limit on one coreIds entry
-_RATIO = re.compile(limits.PSTATE_RATIO.pattern)  # the CRD's syntax for spec.plugins.pstate.ratio
-_DIGITS = re.compile(r"[0-9]{1,10}")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 # Event reasons (on the pod).
@@ -100,13 +88,22 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class Invalid:
+    """A container whose annotations (or ways limit) are invalid: it gets no RmdWorkload."""
+
+    container: str
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class PodRequest:
     namespace: str
     name: str
     uid: str
     node: str
     containers: tuple[ContainerRequest, ...] = ()
-    refusals: tuple[Refusal, ...] = ()
+    refusals: tuple[Refusal, ...] = ()  # not Guaranteed, fractional CPUs
+    invalid: tuple[Invalid, ...] = ()
     ignored: tuple[str, ...] = ()  # annotations that look like ours but configure nothing, and why
 
     def names(self) -> set[str]:
@@ -167,83 +164,6 @@ def _cpu_request(container: Mapping[str, Any]) -> Decimal | None:
     return request if request is not None else _quantity(_resources(container, "limits").get("cpu"))
 
 
-def _split_key(key: str) -> tuple[str, str] | None:
-    """(container, setting) of an annotation key that may be ours; None for prefixed (`x.io/y`) keys."""
-    if "/" in key:
-        return None
-    container, sep, setting = key.partition("_")
-    return (container, setting) if sep else None
-
-
-class _Invalid(ValueError):
-    pass
-
-
-def _count(key: str, value: str, limit: limits.IntRange) -> int:
-    text = value.strip()
-    if not _DIGITS.fullmatch(text) or not limit.contains(int(text)):
-        raise _Invalid(f"annotation {key}={value!r} must be a whole number from {limit.low} to {limit.high}")
-    return int(text)
-
-
-def _container_request(
-    container: str, ways: int, settings: Mapping[str, tuple[str, str]]
-) -> ContainerRequest:
-    """The request of one container from its `setting -> (key, value)` annotations. _Invalid."""
-    values: dict[str, Any] = {}
-    if POLICY in settings:
-        key, value = settings[POLICY]
-        if value.strip():  # rmd-operator treated an empty policy as none
-            if value.strip() not in POLICIES:
-                raise _Invalid(f"annotation {key}={value!r} must be one of {', '.join(POLICIES)}")
-            values["policy"] = value.strip()
-    if "policy" not in values:  # the limit becomes rdt.cache.max, which the CRD bounds
-        limits.CACHE_WAYS.require(f"the {CACHE_WAYS} limit (rdt.cache.max)", ways, _Invalid)
-    if CACHE_MIN in settings:
-        key, value = settings[CACHE_MIN]
-        if "policy" in values:
-            raise _Invalid(
-                f"annotations {key} and {settings[POLICY][0]} are mutually exclusive: the policy sets "
-                "the cache ways"
-            )
-        values["cache_min"] = _count(key, value, limits.IntRange(1, ways))
-    for setting, limit in ((MBA_PERCENTAGE, limits.MBA_PERCENTAGE), (MBA_MBPS, limits.MBA_MBPS)):
-        if setting in settings:
-            key, value = settings[setting]
-            values[setting] = _count(key, value, limit)
-    if MBA_PERCENTAGE in values and MBA_MBPS in values:
-        raise _Invalid(
-            f"annotations {container}_{MBA_PERCENTAGE} and {container}_{MBA_MBPS} are mutually "
-            "exclusive: give the memory bandwidth in one unit"
-        )
-    if PSTATE_RATIO in settings:
-        key, value = settings[PSTATE_RATIO]
-        text = value.strip()
-        if not _RATIO.fullmatch(text) or limits.PSTATE_RATIO.parse(text) is None:
-            raise _Invalid(f"annotation {key}={value!r} must be {limits.PSTATE_RATIO.rule}")
-        values[PSTATE_RATIO] = text
-    if PSTATE_MONITORING in settings:
-        key, value = settings[PSTATE_MONITORING]
-        if value.strip() not in ("on", "off"):
-            raise _Invalid(f'annotation {key}={value!r} must be "on" or "off"')
-        values[PSTATE_MONITORING] = value.strip()
-    request = ContainerRequest(container, ways, **values)
-    if (request.mba_percentage or request.mba_mbps) and not _guaranteed(request):
-        unit = MBA_PERCENTAGE if request.mba_percentage else MBA_MBPS
-        raise _Invalid(
-            f"memory bandwidth (annotation {container}_{unit}) needs guaranteed cache: "
-            f"{container}_{CACHE_MIN} equal to the {CACHE_WAYS} limit ({ways}), "
-            "or policy gold"
-        )
-    return request
-
-
-def _guaranteed(request: ContainerRequest) -> bool:
-    if request.policy is not None:
-        return request.policy == "gold"
-    return request.cache_min is None or request.cache_min == request.ways
-
-
 def _asking(spec: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], int]]:
     """name -> (container, ways) of the app containers with a positive intel.com/l3_cache_ways limit."""
     asking: dict[str, tuple[Mapping[str, Any], int]] = {}
@@ -254,58 +174,33 @@ def _asking(spec: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], int]]
     return asking
 
 
-def _annotations(
-    annotations: Mapping[str, Any], asking: Mapping[str, object], names: set[str]
-) -> tuple[dict[str, dict[str, tuple[str, str]]], list[str]]:
-    """(container -> setting -> (key, value), the keys that look like ours but configure nothing and why)."""
-    settings: dict[str, dict[str, tuple[str, str]]] = {}
-    ignored = []
-    for key, value in sorted((str(k), str(v)) for k, v in annotations.items()):
-        split = _split_key(key)
-        if split is None:
-            continue
-        owner, setting = split
-        if owner in asking and setting in SETTINGS:
-            settings.setdefault(owner, {})[setting] = (key, value)
-        elif owner in asking:
-            ignored.append(f"{key}: unknown setting {setting!r} (known: {', '.join(SETTINGS)})")
-        elif setting in SETTINGS:
-            why = f"does not request {CACHE_WAYS}" if owner in names else "is not a container of this pod"
-            ignored.append(f"{key}: {owner!r} {why}")
-    return settings, ignored
-
-
 def pod_request(pod: Mapping[str, Any]) -> PodRequest:
     """What the pod asks for: a request per qualifying container, a refusal per container that asked for
-    cache ways but cannot have them (container "" for the whole pod), and the annotations that configure
-    nothing."""
+    cache ways but cannot have them (container "" for the whole pod), the containers whose annotations are
+    invalid, and the annotations that configure nothing. The annotations of every container that asks are
+    checked, also when it gets nothing for another reason, so that one look shows every problem."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     asking = _asking(spec)
     names = {str(c.get("name")) for c in _containers(spec)}
-    settings, ignored = _annotations(meta.get("annotations") or {}, asking, names)
-    base = PodRequest(
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        uid=str(meta.get("uid") or ""),
-        node=str(spec.get("nodeName") or ""),
-        ignored=tuple(ignored),
-    )
-    if not asking:
-        return base
-    qos = qos_class(pod)
+    given, ignored = pod_annotations.gather(meta.get("annotations") or {}, asking, names)
+    requests: list[ContainerRequest] = []
+    refused: list[Refusal] = []
+    invalid: list[Invalid] = []
+    qos = qos_class(pod) if asking else GUARANTEED
     if qos != GUARANTEED:
         message = (
             f"the pod's QoS class is {qos}: {CACHE_WAYS} is only enforced for Guaranteed pods (requests "
             "equal to limits for cpu and memory in every container), whose containers with whole CPUs get "
             "exclusive CPUs; no RmdWorkload is created"
         )
-        return replace(base, refusals=(Refusal("", NOT_GUARANTEED, message),))
-    requests: list[ContainerRequest] = []
-    refused: list[Refusal] = []
+        refused.append(Refusal("", NOT_GUARANTEED, message))
     for name, (container, ways) in sorted(asking.items()):
+        settings = pod_annotations.container_settings(ways, given.get(name, {}))
+        if settings.problems:
+            invalid.append(Invalid(name, settings.problems))
         cpu = _cpu_request(container)
-        if cpu is None or cpu <= 0 or cpu != cpu.to_integral_value():
+        if qos == GUARANTEED and (cpu is None or cpu <= 0 or cpu != cpu.to_integral_value()):
             cpus = "no" if cpu is None else format(cpu.normalize(), "f")
             refused.append(
                 Refusal(
@@ -316,22 +211,70 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
                     "manager); no RmdWorkload is created",
                 )
             )
-            continue
-        try:
-            requests.append(_container_request(name, ways, settings.get(name, {})))
-        except _Invalid as exc:
-            refused.append(
-                Refusal(name, INVALID_REQUEST, f"container {name}: {exc}; no RmdWorkload is created")
-            )
-    return replace(base, containers=tuple(requests), refusals=tuple(refused))
+        elif qos == GUARANTEED and not settings.problems:
+            requests.append(ContainerRequest(name, ways, **settings.values))
+    return PodRequest(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        node=str(spec.get("nodeName") or ""),
+        containers=tuple(requests),
+        refusals=tuple(refused),
+        invalid=tuple(invalid),
+        ignored=tuple(ignored),
+    )
 
 
 def refusal_event(refusal: Refusal) -> EventText:
     return EventText("Warning", refusal.reason, refusal.message)
 
 
-def ignored_event(ignored: Sequence[str]) -> EventText:
-    return EventText("Warning", IGNORED_ANNOTATION, "annotations ignored: " + "; ".join(ignored))
+def annotation_event(request: PodRequest) -> EventText | None:
+    """One Warning with every annotation problem of the pod, or None: the containers whose annotations are
+    invalid (they get no RmdWorkload) and the annotations that configure nothing (the rest goes ahead). At
+    most an Event's MESSAGE_LIMIT characters: the problems that do not fit are counted, and listed in the
+    next Event once these are fixed."""
+    sections: list[_Section] = [
+        (f"container {i.container}: ", i.problems, "; no RmdWorkload is created") for i in request.invalid
+    ]
+    if request.ignored:
+        sections.append(("annotations ignored: ", request.ignored, ""))
+    if not sections:
+        return None
+    reason = INVALID_REQUEST if request.invalid else IGNORED_ANNOTATION
+    total = sum(len(items) for _, items, _ in sections)
+    message = _listed(sections, total)
+    if len(message) > MESSAGE_LIMIT:
+        message = _cut(sections, 0, total)
+        for shown in range(1, total):  # stops after a handful: a problem takes about 100 characters
+            longer = _cut(sections, shown, total)
+            if len(longer) > MESSAGE_LIMIT:
+                break
+            message = longer
+    return EventText("Warning", reason, message)
+
+
+_Section = tuple[str, Sequence[str], str]  # head, problems, tail
+
+
+def _listed(sections: Sequence[_Section], shown: int) -> str:
+    """The sections with their first `shown` problems in all; a section none of whose problems is shown is
+    left out."""
+    parts = []
+    for head, items, tail in sections:
+        if shown <= 0:
+            break
+        parts.append(head + "; ".join(items[:shown]) + tail)
+        shown -= len(items)
+    return ". ".join(parts)
+
+
+def _cut(sections: Sequence[_Section], shown: int, total: int) -> str:
+    listed, rest = _listed(sections, shown), total - shown
+    more = f"{rest} more problem{'s' if rest > 1 else ''} not shown"
+    return (f"{listed}. " if listed else "") + (
+        f"{more} (an Event holds {MESSAGE_LIMIT} characters): fix these, and the next Event lists them"
+    )
 
 
 # -- the RmdWorkload of a container --------------------------------------------------------------------------

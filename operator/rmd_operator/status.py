@@ -227,6 +227,8 @@ def status_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict
 
 # -- Events --------------------------------------------------------------------------------------------------
 
+MESSAGE_LIMIT = 1000  # below the API server's 1 KiB cap on an Event's message (events.py cuts longer ones)
+
 
 @dataclass(frozen=True)
 class EventText:

@@ -375,6 +375,69 @@ async def test_same_pod_name_in_two_namespaces_stays_apart(
     assert len(groups) == 2
 
 
+LONG = ("very-long-container-name-" * 3)[:63]  # the longest container name: a DNS label
+
+
+async def test_every_annotation_problem_in_one_event_and_a_key_form_for_any_container_name(
+    cluster: SimCluster, api: Any, new_namespace: Callable[[], str]
+) -> None:
+    """The API server refuses `<container>_<setting>` for a 63-character container (an annotation key's name
+    part is at most 63 characters) and takes `<container>.rmd.intel.com/<setting>`, which the operator
+    applies. Every problem of the other container's annotations is in one Warning, none in a second."""
+    namespace = new_namespace()
+    seed = pod_body(
+        "seed", guaranteed_container(LONG, cpus=1, ways=1), annotations={f"{LONG}_mba_percentage": "50"}
+    )
+    with pytest.raises(ApiException) as refused:
+        await asyncio.to_thread(core_api(api).create_namespaced_pod, namespace, seed, dry_run="All")
+    assert refused.value.status == 422
+    assert f"{LONG}_mba_percentage" in refused.value.body
+    assert "name part must be no more than 63" in refused.value.body  # characters, or bytes (newer)
+
+    body = pod_body(
+        "annotated",
+        guaranteed_container(LONG, cpus=1, ways=1),
+        guaranteed_container("app", cpus=1, ways=1),
+        annotations={
+            f"{LONG}.rmd.intel.com/mba_percentage": "50",
+            "app_mba_percentage": "abc",
+            "app_pstate_ratio": "fast",
+            "app_pstate_monitoring": "on",
+            "app.rmd.intel.com/pstate_monitoring": "off",
+            "app_polcy": "gold",
+        },
+    )
+    pod_name = await asyncio.to_thread(create_pod, api, namespace, body)
+    pod = await running(cluster, api, namespace, pod_name)
+    node = cluster.nodes[pod["spec"]["nodeName"]]
+    workload = await successful(cluster, api, namespace, f"annotated-rmd-workload-{LONG}", node.name)
+    assert workload["spec"]["rdt"] == {"cache": {"max": 1, "min": 1}, "mba": {"percentage": 50}}
+    assert core_ids(workload) == kubelet_cpus(node, namespace, pod_name, LONG)
+
+    warning = await eventually(
+        cluster, lambda: event_with(api, namespace, pod_name, "InvalidCacheRequest"), "the pod's Warning"
+    )
+    assert warning.type == "Warning" and warning.source.component == "rmd-operator"
+    for fragment in (
+        "container app: ",
+        "annotations app.rmd.intel.com/pstate_monitoring='off' and app_pstate_monitoring='on' disagree",
+        "annotation app_mba_percentage='abc' must be a whole number from 1 to 100",
+        "annotation app_pstate_ratio='fast' must be a decimal number greater than 0 and less than 100",
+        "; no RmdWorkload is created. annotations ignored: app_polcy: unknown setting 'polcy'",
+    ):
+        assert fragment in warning.message
+    await eventually(
+        cluster, lambda: event_with(api, namespace, pod_name, "CacheWaysApplied"), "the pod's Applied Event"
+    )
+    await asyncio.sleep(3)  # pod updates, drift intervals: no second Warning
+    events = await asyncio.to_thread(events_of, api, namespace, pod_name)
+    ours = sorted(e.reason for e in events if e.source.component == "rmd-operator")
+    assert ours == ["CacheWaysApplied", "InvalidCacheRequest"]
+    names = {w["metadata"]["name"] for w in list_workloads(api, namespace)}
+    assert names == {f"annotated-rmd-workload-{LONG}"}  # none for app
+    await asyncio.to_thread(core_api(api).delete_namespaced_pod, pod_name, namespace)
+
+
 def _app(requests: Obj, limits: Obj) -> Obj:
     return {"name": "app", "image": "nginx", "resources": {"requests": requests, "limits": limits}}
 

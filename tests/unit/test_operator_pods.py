@@ -18,7 +18,7 @@ from rmd_operator.agent_client import CallFailure
 from rmd_operator.pod_flow import PodFlow
 from rmd_operator.settings import OperatorSettings
 from rmd_operator.spec import workload_spec
-from rmd_operator.status import EventText, merge_diff
+from rmd_operator.status import MESSAGE_LIMIT, EventText, merge_diff
 from rmd_operator.targets import NodeAgent
 
 Obj = dict[str, Any]
@@ -223,9 +223,12 @@ def test_cache_min_makes_best_effort_and_defaults_to_the_limit() -> None:
 def test_invalid_annotations_refuse_the_container(annotations: dict[str, str], fragment: str) -> None:
     request = pods.pod_request(pod(container("c"), container("d"), annotations=annotations))
     assert [c.container for c in request.containers] == ["d"]
-    (refusal,) = request.refusals
-    assert (refusal.container, refusal.reason) == ("c", pods.INVALID_REQUEST)
-    assert fragment in refusal.message
+    assert request.refusals == ()
+    (invalid,) = request.invalid
+    assert invalid.container == "c" and any(fragment in p for p in invalid.problems)
+    event = pods.annotation_event(request)
+    assert event is not None and (event.type, event.reason) == ("Warning", pods.INVALID_REQUEST)
+    assert event.message.startswith("container c: ") and event.message.endswith("; no RmdWorkload is created")
 
 
 def test_the_edges_of_each_range_are_accepted() -> None:
@@ -245,9 +248,10 @@ def test_more_ways_than_a_cache_bit_mask_has_refuse_the_container() -> None:
     why instead. A policy sets the ways itself, so then the limit only counts for the kubelet."""
     request = pods.pod_request(pod(container("c", ways="33"), container("d", ways="2")))
     assert [c.container for c in request.containers] == ["d"]
-    (refusal,) = request.refusals
-    assert (refusal.container, refusal.reason) == ("c", pods.INVALID_REQUEST)
-    assert f"the {WAYS} limit (rdt.cache.max) must be an integer within 0..32, not 33" in refusal.message
+    (invalid,) = request.invalid
+    assert invalid == pods.Invalid(
+        "c", (f"the {WAYS} limit (rdt.cache.max) must be an integer within 0..32, not 33",)
+    )
     gold = pods.pod_request(pod(container("c", ways="33"), annotations={"c_policy": "gold"}))
     assert gold.refusals == () and gold.containers[0].policy == "gold"
 
@@ -282,7 +286,153 @@ def test_annotations_that_configure_nothing_are_reported() -> None:
     assert "nginx_polcy: unknown setting 'polcy'" in text
     assert "'ngnix' is not a container of this pod" in text
     assert f"'side' does not request {WAYS}" in text
-    assert pods.ignored_event(request.ignored).type == "Warning"
+    event = pods.annotation_event(request)
+    assert event is not None and (event.type, event.reason) == ("Warning", pods.IGNORED_ANNOTATION)
+    assert event.message == "annotations ignored: " + "; ".join(request.ignored)
+
+
+LONG = "a" * 63  # the longest container name: a DNS label
+
+
+def test_the_prefixed_form_configures_any_container_name() -> None:
+    """`<container>.rmd.intel.com/<setting>` fits a 63-character container; `<container>_<setting>` cannot (an
+    annotation key's name part is at most 63 characters). Both forms may be mixed, even for one container."""
+    request = pods.pod_request(
+        pod(
+            container(LONG, ways="3"),
+            container("c"),
+            annotations={
+                f"{LONG}.rmd.intel.com/mba_percentage": "50",
+                f"{LONG}.rmd.intel.com/pstate_ratio": "1.5",
+                "c.rmd.intel.com/policy": "gold",
+                "c_pstate_monitoring": "on",
+            },
+        )
+    )
+    by_name = {c.container: c for c in request.containers}
+    assert by_name[LONG] == pods.ContainerRequest(LONG, 3, mba_percentage=50, pstate_ratio="1.5")
+    assert by_name["c"] == pods.ContainerRequest("c", 2, policy="gold", pstate_monitoring="on")
+    assert request.refusals == () and request.ignored == ()
+
+
+def test_both_forms_disagreeing_on_a_setting_refuse_the_container() -> None:
+    """Neither form wins silently: different values are a conflict; the same value is no conflict."""
+    request = pods.pod_request(
+        pod(
+            container("c"),
+            container("d"),
+            annotations={
+                "c_mba_percentage": "50",
+                "c.rmd.intel.com/mba_percentage": "60",
+                "d_policy": "gold",
+                "d.rmd.intel.com/policy": " gold",
+            },
+        )
+    )
+    assert [c.container for c in request.containers] == ["d"] and request.containers[0].policy == "gold"
+    event = pods.annotation_event(request)
+    assert event is not None and event.reason == pods.INVALID_REQUEST
+    assert event.message == (
+        "container c: annotations c.rmd.intel.com/mba_percentage='60' and c_mba_percentage='50' disagree: "
+        "give mba_percentage once; no RmdWorkload is created"
+    )
+
+
+def test_prefixed_keys_that_configure_nothing_are_reported() -> None:
+    request = pods.pod_request(
+        pod(
+            container("nginx"),
+            container("side", ways=None),
+            annotations={
+                "nginx.rmd.intel.com/polcy": "gold",  # a typo'd setting
+                "ngnix.rmd.intel.com/policy": "gold",  # a typo'd container
+                "side.rmd.intel.com/policy": "gold",  # a container without the limit
+                "rmd.intel.com/policy": "gold",  # no container at all
+                "nginx.example.com/policy": "gold",  # another tool's key: not ours to judge
+                "rmd.intel.com/something-else": "x",  # ours, but not a setting of this form
+            },
+        )
+    )
+    assert request.containers[0].policy is None
+    assert len(request.ignored) == 4
+    text = " ".join(request.ignored)
+    assert "nginx.rmd.intel.com/polcy: unknown setting 'polcy'" in text
+    assert "'ngnix' is not a container of this pod" in text
+    assert f"'side' does not request {WAYS}" in text
+    assert "rmd.intel.com/policy: names no container (the form is <container>.rmd.intel.com/policy)" in text
+
+
+def test_every_problem_of_a_container_is_listed_and_long_values_are_cut() -> None:
+    request = pods.pod_request(
+        pod(
+            container("c"),
+            annotations={
+                "c_mba_percentage": "abc",
+                "c_pstate_ratio": "fast",
+                "c_pstate_monitoring": "yes",
+                "c_mba_mbps": "9" * 5000,
+            },
+        )
+    )
+    event = pods.annotation_event(request)
+    assert event is not None and len(event.message) < 600
+    assert event.message.startswith("container c: annotation c_mba_percentage='abc' must be")
+    assert event.message.endswith("; no RmdWorkload is created")
+    for fragment in (
+        "annotation c_mba_mbps='" + "9" * 40 + "'... must be a whole number from 1 to 4294967290",
+        "annotation c_mba_percentage='abc' must be a whole number from 1 to 100",
+        "annotation c_pstate_ratio='fast' must be a decimal number",
+        'annotation c_pstate_monitoring=\'yes\' must be "on" or "off"',
+        "annotations c_mba_mbps and c_mba_percentage are mutually exclusive",
+    ):
+        assert fragment in event.message
+
+
+@pytest.mark.parametrize(
+    ("ways", "annotations", "problems"),
+    [
+        pytest.param(
+            "33", {"c_policy": " "}, ["limit (rdt.cache.max) must be an integer"], id="empty-policy-is-none"
+        ),
+        pytest.param(
+            "33",
+            {"c_policy": "gold", "c.rmd.intel.com/policy": "silver"},
+            ["disagree: give policy once"],
+            id="a-conflicting-policy-is-not-judged-further",
+        ),
+        pytest.param(
+            "2",
+            {"c_policy": "platinum", "c_cache_min": "1", "c_mba_percentage": "50"},
+            ["must be one of gold, silver, bronze", "are mutually exclusive: the policy sets the cache ways"],
+            id="no-guess-whether-mba-has-guaranteed-cache",
+        ),
+        pytest.param(
+            "2",
+            {"c_cache_min": "1", "c_mba_percentage": "500", "c_mba_mbps": "x"},
+            ["from 1 to 100", "from 1 to 4294967290", "are mutually exclusive: give the memory bandwidth"],
+            id="bad-mba-values-and-both-units",
+        ),
+    ],
+)
+def test_each_problem_once_and_none_that_follows_from_another(
+    ways: str, annotations: dict[str, str], problems: list[str]
+) -> None:
+    (invalid,) = pods.pod_request(pod(container("c", ways=ways), annotations=annotations)).invalid
+    assert len(invalid.problems) == len(problems)
+    for problem, fragment in zip(invalid.problems, problems, strict=True):
+        assert fragment in problem
+
+
+def test_annotations_are_checked_also_for_containers_refused_for_another_reason() -> None:
+    """One look shows everything to fix: a Burstable pod's, a fractional container's annotations too."""
+    burstable = pods.pod_request(
+        pod(container("c", requests={"cpu": "1", "memory": "1Gi", WAYS: "2"}), annotations={"c_policy": "x"})
+    )
+    assert [r.reason for r in burstable.refusals] == [pods.NOT_GUARANTEED]
+    assert [i.container for i in burstable.invalid] == ["c"] and burstable.containers == ()
+    fractional = pods.pod_request(pod(container("c", cpu="1500m"), annotations={"c_policy": "x"}))
+    assert [r.reason for r in fractional.refusals] == [pods.FRACTIONAL_CPUS]
+    assert [i.container for i in fractional.invalid] == ["c"] and fractional.containers == ()
 
 
 # -- the RmdWorkload -----------------------------------------------------------------------------------------
@@ -887,6 +1037,56 @@ async def test_refusals_are_posted_once_and_nothing_is_created() -> None:
     h.flow.pod_changed("MODIFIED", burstable)
     await asyncio.sleep(0.05)
     assert h.reasons() == [pods.NOT_GUARANTEED] and not h.objects.workloads and h.agents.cpu_calls == 0
+    await h.flow.close()
+
+
+async def test_every_annotation_problem_of_a_pod_is_in_one_event() -> None:
+    """Every bad value of every container and every annotation that configures nothing, in one Warning; the
+    valid container goes ahead."""
+    h = Harness()
+    h.agents.allocate("ns", "web", "ok", 6)
+    annotations = {
+        "c_mba_percentage": "abc",
+        "c_pstate_ratio": "fast",
+        "c_polcy": "gold",
+        "d_pstate_monitoring": "yes",
+        "d_cache_min": "1",
+        "d_policy": "gold",
+        "ok_mba_percentage": "50",
+    }
+    h.flow.pod_changed(None, pod(container("c"), container("d"), container("ok"), annotations=annotations))
+    await h.until(lambda: ("ns", "web-rmd-workload-ok") in h.objects.workloads)
+    assert h.objects.workloads[("ns", "web-rmd-workload-ok")]["spec"]["rdt"]["mba"] == {"percentage": 50}
+    assert ("ns", "web-rmd-workload-c") not in h.objects.workloads
+    assert ("ns", "web-rmd-workload-d") not in h.objects.workloads
+    (event,) = (e for _, e in h.events)
+    assert (event.type, event.reason) == ("Warning", pods.INVALID_REQUEST)
+    for fragment in (
+        "container c: annotation c_mba_percentage='abc' must be a whole number from 1 to 100; ",
+        "annotation c_pstate_ratio='fast' must be a decimal number greater than 0 and less than 100",
+        "container d: annotations d_cache_min and d_policy are mutually exclusive",
+        'annotation d_pstate_monitoring=\'yes\' must be "on" or "off"',
+        "no RmdWorkload is created. annotations ignored: c_polcy: unknown setting 'polcy'",
+    ):
+        assert fragment in event.message
+    assert event.message.count("no RmdWorkload is created") == 2
+    await h.flow.close()
+
+
+async def test_more_problems_than_an_event_holds_are_counted() -> None:
+    names = [f"container-{i:02}" for i in range(30)]
+    h = Harness()
+    annotations = {f"{n}_pstate_ratio": "fast" for n in names}
+    h.flow.pod_changed(None, pod(*(container(n) for n in names), annotations=annotations))
+    await asyncio.sleep(0.05)
+    (event,) = (e for _, e in h.events)
+    assert len(event.message) <= MESSAGE_LIMIT
+    shown = event.message.count("_pstate_ratio='fast' must be")
+    assert 0 < shown < 30
+    assert event.message.endswith(
+        f"{30 - shown} more problems not shown (an Event holds {MESSAGE_LIMIT} characters): fix these, "
+        "and the next Event lists them"
+    )
     await h.flow.close()
 
 
