@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import io
 import json
 import logging
@@ -15,7 +16,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -442,6 +443,54 @@ async def test_tls_server_refuses_a_plaintext_client(server: AgentServer, engine
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await _agent_stub(channel).ListWorkloads(agent_pb2.ListWorkloadsRequest(), timeout=TIMEOUT)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert engine.calls == []
+
+
+# Refused at the handshake (UNAVAILABLE), or by the identity check after it.
+REFUSED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+FORGED = (
+    "no certificate",
+    "foreign",
+    "operator_cn",
+    "operator_uri",
+    "intruder",
+    "intruder_cn",
+    "intruder_uri",
+)
+
+
+async def test_no_forged_identity_is_accepted_by_any_method(
+    pki: Pki, server: AgentServer, engine: FakeEngine
+) -> None:
+    """Issue #13: every way of posing as the operator we know of, against every method of the API, plus
+    plaintext. The note quotes the count this prints."""
+    ref = agent_pb2.WorkloadRef(namespace="ns", name="x", uid="u1")
+    requests = {
+        "ApplyWorkload": _apply("x"),
+        "RemoveWorkload": agent_pb2.RemoveWorkloadRequest(ref=ref),
+        "ListWorkloads": agent_pb2.ListWorkloadsRequest(),
+        "GetNode": agent_pb2.GetNodeRequest(),
+        "GetContainerCpus": agent_pb2.GetContainerCpusRequest(),
+    }
+    channels: dict[str, Callable[[], grpc.aio.Channel]] = {
+        name: functools.partial(_channel, pki, server.grpc_port, getattr(pki, name, None)) for name in FORGED
+    }
+    channels["plaintext"] = functools.partial(grpc.aio.insecure_channel, f"127.0.0.1:{server.grpc_port}")
+    accepted, tried = [], 0
+    for identity, open_channel in channels.items():
+        async with open_channel() as channel:
+            stub = _agent_stub(channel)
+            for method, request in requests.items():
+                tried += 1
+                try:
+                    await getattr(stub, method)(request, timeout=TIMEOUT)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in REFUSED:
+                        accepted.append(f"{identity} {method}: {exc.code().name}")
+                else:
+                    accepted.append(f"{identity} {method}")
+    print(f"forged identities accepted: {len(accepted)} of {len(channels)} ({tried} calls)")
+    assert accepted == []
     assert engine.calls == []
 
 

@@ -55,8 +55,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rmd_agent.plan.inventory import PoolConfig, pool_sizes
+from rmd_agent.settings import AgentSettings
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 from rmd_api.cpuset import format_cpu_list, parse_cpu_list
+from rmd_api.node_state import lease_duration_seconds
 from rmd_sim.cluster import SYSTEM_NAMESPACE, SimCluster
 from rmd_sim.control_plane import BinariesNotFound, find_bin_dir, repo_root
 from rmd_sim.netns import can_create_namespaces
@@ -196,6 +198,7 @@ class System:
         # Typed loosely: the client's own annotations say `object` for every custom object.
         self.objects: Any = client.CustomObjectsApi(self.api)
         self.core: Any = client.CoreV1Api(self.api)
+        self.leases: Any = client.CoordinationV1Api(self.api)
 
     def node(self, name: str) -> SimNode:
         return self.cluster.nodes[name]
@@ -320,6 +323,13 @@ class System:
             GROUP, VERSION, SYSTEM_NAMESPACE, "rmdnodestates", f"rmd-node-state-{node}"
         )
         return obj
+
+    def ready_condition(self, node: str) -> Obj:
+        conditions = (self.agent_state(node).get("status") or {}).get("conditions") or ()
+        return next((c for c in conditions if c.get("type") == "Ready"), {})
+
+    def lease(self, node: str) -> Any:
+        return self.leases.read_namespaced_lease(f"rmd-agent-{node}", SYSTEM_NAMESPACE)
 
     def wait_agent_published(self, node: str) -> None:
         """Until the agent's RmdNodeState names its current endpoint and says Ready."""
@@ -784,6 +794,87 @@ def test_agent_restart_keeps_the_node_as_it_was(system: System, ns: str) -> None
     assert system.node(node).check_resctrl() == []
 
 
+def test_a_killed_agent_turns_not_ready_within_three_heartbeats(system: System, ns: str) -> None:
+    """Issue #13 item 1: after kill -9 the RmdNodeState said Ready=True forever. The agent renews a Lease
+    every heartbeat_seconds; when it stops, the operator marks the node Ready=False (HeartbeatExpired) within
+    three renewals, its entries say the agent cannot confirm them, new workloads wait with that reason, and
+    everything returns with the agent."""
+    node = "worker-node-3"
+    system.create(ns, "enforced", {**guaranteed("12"), "nodes": [node]})
+    system.wait_states(ns, "enforced", {node: "Successful"})
+    lease = system.lease(node)
+    period = AgentSettings().heartbeat_seconds
+    assert lease.spec.lease_duration_seconds == lease_duration_seconds(period)
+    transitions = lease.spec.lease_transitions or 0
+
+    system.loop.run(system.node(node).stop_agent(signal.SIGKILL))
+    killed = time.monotonic()
+    ready = system.wait(
+        lambda: (c := system.ready_condition(node)).get("status") == "False" and c,
+        "the RmdNodeState to turn Ready=False",
+        3 * period + 15,
+        interval=0.05,
+    )
+    took = time.monotonic() - killed
+    print(f"agent killed -> Ready=False ({ready['reason']}) in {took:.1f}s; renewal every {period:g}s")
+    assert ready["reason"] == "HeartbeatExpired", ready
+    assert f"rmd-agent-{node}" in ready["message"]
+    assert took <= 3 * period
+    system.wait(
+        lambda: "cannot confirm" in system.states(ns, "enforced")[node].get("response", ""),
+        "the entry to say the agent cannot confirm it",
+    )
+    assert system.states(ns, "enforced")[node]["status"] == "Successful"  # resctrl still enforces it
+    system.create(ns, "waits", {**guaranteed("13"), "nodes": [node]})
+    entry = system.wait_states(ns, "waits", {node: "Pending"})[node]
+    assert "HeartbeatExpired" in entry["response"], entry
+
+    system.loop.run(system.node(node).start_agent())
+    system.wait_agent_published(node)
+    assert system.ready_condition(node)["reason"] == "AgentReady"
+    assert (system.lease(node).spec.lease_transitions or 0) == transitions + 1  # a new start holds it
+    system.wait_states(ns, "waits", {node: "Successful"})
+    system.wait(
+        lambda: system.states(ns, "enforced")[node].get("response") == "Success: OK",
+        "the entry to be confirmed again",
+    )
+
+
+def test_a_workload_deleted_while_its_agent_was_down_is_removed_when_it_restarts(
+    system: System, ns: str
+) -> None:
+    """Issue #13 item 2: a workload applied, its agent killed, the workload deleted and its finalizer
+    removed by hand, the agent started again: its group stayed and blocked the CPU until the operator was
+    restarted. The operator now sweeps a restarted agent's node at once."""
+    node = "worker-node-2"
+    system.create(ns, "burst-00", {**guaranteed("14"), "nodes": [node]})
+    cos = system.wait_states(ns, "burst-00", {node: "Successful"})[node]["cosName"]
+    system.loop.run(system.node(node).stop_agent(signal.SIGKILL))
+    system.delete(ns, "burst-00")
+    system.objects.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        ns,
+        PLURAL,
+        "burst-00",
+        {"metadata": {"finalizers": None}},
+        _content_type="application/merge-patch+json",
+    )
+    system.wait_gone(ns, "burst-00")
+    assert cos in resctrl_groups(system.node(node))  # the kernel still holds it
+
+    system.loop.run(system.node(node).start_agent())  # returns once the agent serves
+    started = time.monotonic()
+    system.wait(
+        lambda: "burst-00" not in system.held(node, ns), "the orphan to be removed", 60, interval=0.05
+    )
+    took = time.monotonic() - started
+    print(f"agent restarted -> orphaned workload removed in {took:.1f}s")
+    assert cos not in resctrl_groups(system.node(node))
+    system.create(ns, "burst-01", {**guaranteed("14"), "nodes": [node]})  # the CPU is free again
+    system.wait_states(ns, "burst-01", {node: "Successful"})
+
+
 def test_no_plaintext_fallback(system: System, ns: str) -> None:  # case 15
     node = "worker-node-3"
     system.restart_agent(node, insecure=True)
@@ -942,7 +1033,9 @@ def test_unreachable_agent_is_reported_and_recovers(system: System, ns: str) -> 
             entry = system.wait_states(ns, name, {"worker-node-1": "Successful", node: "Pending"}, budget)[
                 node
             ]
-            assert "UNAVAILABLE" in entry["response"] or "DEADLINE_EXCEEDED" in entry["response"], entry
+            # Unreachable, or already marked not ready: the cut stops its heartbeat too (item 1 of issue #13).
+            reasons = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "HeartbeatExpired")
+            assert any(reason in entry["response"] for reason in reasons), entry
         entry = system.wait_states(ns, "leaving", {node: "Pending"}, budget)[node]
         assert "to be removed" in entry["response"]
         pending_after = time.monotonic() - began
