@@ -7,5 +7,8 @@ SIGNER_NAME = "intel.com/rmd-agent-serving"
 USAGES = ("digital signature", "server auth")
 # Where the API server puts the node of the pod a service-account token is bound to (CSR spec.extra).
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+# The node an agent's request is for, in the CSR's annotations: the chart's admission policy admits an agent's
+# request only if this is the node of its token (it cannot read the PEM; the operator checks the names in it).
+NODE_ANNOTATION = "rmd-agent.intel.com/node"
 DEFAULT_EXPIRATION_SECONDS = 7 * 24 * 3600
 MIN_EXPIRATION_SECONDS = 600  # the CSR API's own minimum

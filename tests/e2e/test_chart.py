@@ -5,20 +5,22 @@
 * the settings the programs would load from the rendered pods (their own loaders, not a re-implementation);
 * the rendered certificates, in a real mutual-TLS handshake the way the agent and the operator make it;
 * the rendered objects applied with server-side apply (strict field validation) into the test control plane;
-* the own-node admission policy and RBAC, exercised as the agent's ServiceAccount (impersonated with the
-  node name a pod-bound token carries) and checked with SubjectAccessReviews;
+* the own-node admission policies and RBAC, exercised as the agent's ServiceAccount (impersonated with the
+  node name a pod-bound token carries) and checked with SubjectAccessReviews: its writes, and the certificate
+  requests it may make;
 * `helm install` and `helm upgrade`: the CA and the certificates are kept, and reissued on request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -28,14 +30,23 @@ import grpc
 import pytest
 import yaml
 from cryptography import x509
-from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rmd_agent.server.serving_cert import (
+    CertificateRequestFailed,
+    ServingCertificate,
+    new_request,
+    request_body,
+)
 from rmd_agent.server.tls import server_credentials
 from rmd_agent.settings import AgentSettings
 from rmd_agent.settings import load_settings as load_agent_settings
+from rmd_api.agent_certs import NODE_ANNOTATION, NODE_NAME_EXTRA, SIGNER_NAME
 from rmd_operator.settings import OperatorSettings
 from rmd_operator.settings import load_settings as load_operator_settings
 from rmd_sim.control_plane import BinariesNotFound, ControlPlane, find_bin_dir, repo_root
@@ -44,7 +55,6 @@ Obj = dict[str, Any]
 
 CHART = repo_root() / "charts" / "rmd"
 NFD_RDT_LABEL = "feature.node.kubernetes.io/cpu-rdt.RDTL3CA"
-NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 FIELD_MANAGER = "rmd-chart-e2e"
 CLUSTER_SCOPED = {
     "ClusterRole",
@@ -144,6 +154,14 @@ def kinds(docs: Sequence[Obj]) -> set[str]:
     return {d["kind"] for d in docs}
 
 
+def policy_names(docs: Sequence[Obj]) -> set[str]:
+    """The admission policies, each checked to have its binding."""
+    policies = {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    bound = {d["spec"]["policyName"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert bound == policies
+    return policies
+
+
 def container(workload: Obj) -> Obj:
     containers = workload["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
@@ -216,6 +234,11 @@ def test_default_render(helm: Helm) -> None:
         "ValidatingAdmissionPolicyBinding",
     }
     assert "CustomResourceDefinition" not in kinds(docs)  # crds/ are installed by helm, not templated
+    # The agents' own-node policies: their writes and (tls.agentCertificates: csr) their certificate requests.
+    assert policy_names(docs) == {"rel-rmd-rmd-agent-own-node", "rel-rmd-rmd-agent-csr"}
+    assert policy_names(helm.template("rel", "rmd", "--set", "tls.agentCertificates=shared")) == {
+        "rel-rmd-rmd-agent-own-node"  # no CSR rights, nothing to restrict
+    }
     for doc in docs:
         if doc["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in doc["metadata"] and "-rmd-" in doc["metadata"]["name"]
@@ -758,7 +781,8 @@ def _nodes(installed: Installed) -> tuple[str, str]:
 
 def _wait_until_in_force(cp: ControlPlane, installed: Installed) -> None:
     """RBAC and admission policies reach the API server's caches asynchronously. Settled means: the agent's
-    dry-run write of its own node's object passes and one of another node's is refused by the policy."""
+    dry-run write of its own node's object passes and one of another node's is refused by the policy; where
+    the CSR policy is rendered, likewise its own certificate request and one to a kubelet signer."""
     node1, node2 = _nodes(installed)
     deadline = time.monotonic() + 30
     with _as(cp, _agent_user(installed), node1) as api:
@@ -782,6 +806,25 @@ def _wait_until_in_force(cp: ControlPlane, installed: Installed) -> None:
 
         while (dry_run_create(node1), dry_run_create(node2)) != ("admitted", "policy"):
             assert time.monotonic() < deadline, "RBAC and the own-node policy never took effect"
+            time.sleep(0.2)
+        csr_policy = [d for d in installed.docs if d["metadata"]["name"].endswith("-agent-csr")]
+        if not csr_policy:
+            return
+        certificates = client.CertificatesV1Api(api)
+
+        def dry_run_ask(body: Obj) -> str:
+            try:
+                certificates.create_certificate_signing_request(body, dry_run="All")
+            except ApiException as exc:
+                if exc.status != 403:
+                    raise
+                return "policy" if "ValidatingAdmissionPolicy" in str(exc.body) else "rbac"
+            return "admitted"
+
+        kubelets = _agent_request(node1)
+        _for_the_kubelet_serving_signer(kubelets, node2)
+        while (dry_run_ask(_agent_request(node1)), dry_run_ask(kubelets)) != ("admitted", "policy"):
+            assert time.monotonic() < deadline, "the agents' CSR policy never took effect"
             time.sleep(0.2)
 
 
@@ -876,6 +919,166 @@ def test_the_agent_writes_its_own_node_objects_only(
                     raise
 
 
+# -- the agent's certificate requests (tls.agentCertificates: csr) ---------------------------------------
+
+
+def _agent_request(node: str) -> Obj:
+    """The CertificateSigningRequest the agent of `node` makes (its own code builds it)."""
+    _, pem = new_request(f"rmd-agent.{node}")
+    return request_body(node, pem, 3600)
+
+
+def _kubelet_pem(node: str) -> str:
+    """A request in the name of `node`'s kubelet (the subject of kubelet certificates), base64 as in a CSR."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}"),
+        ]
+    )
+    request = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(subject)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(node)]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return base64.b64encode(request.public_bytes(serialization.Encoding.PEM)).decode()
+
+
+def _for_the_kubelet_serving_signer(body: Obj, other: str) -> None:
+    body["spec"] |= {
+        "signerName": "kubernetes.io/kubelet-serving",
+        "request": _kubelet_pem(other),
+        "usages": ["digital signature", "server auth"],
+    }
+
+
+def _for_the_kubelet_client_signer(body: Obj, other: str) -> None:
+    body["spec"] |= {
+        "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+        "request": _kubelet_pem(other),
+        "usages": ["digital signature", "client auth"],
+    }
+
+
+def _with_client_auth(body: Obj, other: str) -> None:
+    body["spec"]["usages"] = ["digital signature", "server auth", "client auth"]
+
+
+def _for_another_node(body: Obj, other: str) -> None:
+    body["metadata"]["annotations"] = {NODE_ANNOTATION: other}
+
+
+def _naming_no_node(body: Obj, other: str) -> None:
+    del body["metadata"]["annotations"]
+
+
+def _for_too_long(body: Obj, other: str) -> None:
+    body["spec"]["expirationSeconds"] = 366 * 24 * 3600
+
+
+_OWN_NODE_ONLY = "for its own node only: annotation " + NODE_ANNOTATION + " must be {node1}, not "
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        pytest.param(
+            _for_the_kubelet_serving_signer,
+            f"only from signer {SIGNER_NAME}, not kubernetes.io/kubelet-serving",
+            id="kubelet-serving-for-another-node",
+        ),
+        pytest.param(
+            _for_the_kubelet_client_signer,
+            f"only from signer {SIGNER_NAME}, not kubernetes.io/kube-apiserver-client-kubelet",
+            id="kubelet-client-for-another-node",
+        ),
+        pytest.param(
+            _with_client_auth,
+            "only for serving: usages must be exactly ['digital signature', 'server auth'], "
+            "not ['digital signature', 'server auth', 'client auth']",
+            id="client-auth",
+        ),
+        pytest.param(_for_another_node, _OWN_NODE_ONLY + "'{node2}'", id="another-node"),
+        pytest.param(_naming_no_node, _OWN_NODE_ONLY + "''", id="no-node-named"),
+        pytest.param(
+            _for_too_long,
+            "of at most 30 days: expirationSeconds must be set and at most 2592000",
+            id="too-long",
+        ),
+    ],
+)
+def test_the_agent_may_ask_only_for_its_own_nodes_serving_certificate(
+    control_plane: ControlPlane,
+    installed: Installed,
+    change: Callable[[Obj, str], None],
+    refusal: str,
+) -> None:
+    """The agent's own request with one thing changed is refused when it is made. The operator denies
+    client usage too, but only after the fact; the kubelet signers are not ours, and whether something
+    approves such a request for them must not matter."""
+    node1, node2 = _nodes(installed)
+    body = _agent_request(node1)
+    change(body, node2)
+    with _as(control_plane, _agent_user(installed), node1) as api:
+        message = _forbidden(lambda: client.CertificatesV1Api(api).create_certificate_signing_request(body))
+    assert f"the rmd agent of node {node1} may ask for a certificate " in message, message
+    assert refusal.format(node1=node1, node2=node2) in message, message
+
+
+def test_the_agents_own_request_is_admitted_and_is_then_out_of_its_hands(
+    control_plane: ControlPlane, installed: Installed, tmp_path: Path
+) -> None:
+    node1, node2 = _nodes(installed)
+    agent = _agent_user(installed)
+    with _as(control_plane, agent, node1) as api:
+        certificates = client.CertificatesV1Api(api)
+        created = certificates.create_certificate_signing_request(_agent_request(node1))
+        name = created.metadata.name
+        try:
+            assert created.spec.signer_name == SIGNER_NAME and created.spec.username == agent
+            assert created.spec.extra[NODE_NAME_EXTRA] == [node1]
+            # Once made, the agent can only read it: no edit, no approval, no status, no delete (RBAC).
+            approved = {"status": {"conditions": [{"type": "Approved", "status": "True", "reason": "Me"}]}}
+            refused = [
+                _forbidden(
+                    lambda: certificates.patch_certificate_signing_request(
+                        name, {"metadata": {"annotations": {NODE_ANNOTATION: node2}}}
+                    )
+                ),
+                _forbidden(lambda: certificates.patch_certificate_signing_request_approval(name, approved)),
+                _forbidden(
+                    lambda: certificates.patch_certificate_signing_request_status(
+                        name, {"status": {"certificate": base64.b64encode(b"x").decode()}}
+                    )
+                ),
+                _forbidden(lambda: certificates.delete_certificate_signing_request(name)),
+            ]
+            assert all("cannot" in m and "certificatesigningrequests" in m for m in refused), refused
+            assert certificates.read_certificate_signing_request(name).metadata.annotations == {
+                NODE_ANNOTATION: node1
+            }
+        finally:
+            with control_plane.api_client() as admin:
+                client.CertificatesV1Api(admin).delete_certificate_signing_request(name)
+    # Made with a token that names no node (not bound to a pod), the request is refused, and the agent
+    # reports the policy's reason.
+    with _as(control_plane, agent, None) as api:
+        serving = ServingCertificate(
+            api,
+            node=node1,
+            name=f"rmd-agent.{node1}",
+            cert_path=tmp_path / "tls.crt",
+            key_path=tmp_path / "tls.key",
+            expiration_seconds=3600,
+        )
+        with pytest.raises(CertificateRequestFailed) as refused_at_once:
+            asyncio.run(serving.ensure())
+    assert "403 Forbidden: " in str(refused_at_once.value)
+    assert "must use its pod's ServiceAccount token" in str(refused_at_once.value)
+
+
 def _allowed(cp: ControlPlane, user: str, verb: str, resource: str, *, namespace: str, group: str) -> bool:
     """RBAC's answer for a ServiceAccount (SubjectAccessReview, as the API server's authorizer sees it)."""
     resource, _, subresource = resource.partition("/")
@@ -933,6 +1136,11 @@ def test_rbac_gives_each_identity_what_it_needs_and_nothing_else(
         ),  # its own certificate
         (agent, "patch", "certificatesigningrequests/approval", "", "certificates.k8s.io", False),
         (agent, "patch", "certificatesigningrequests/status", "", "certificates.k8s.io", False),
+        (agent, "update", "certificatesigningrequests", "", "certificates.k8s.io", False),
+        (agent, "patch", "certificatesigningrequests", "", "certificates.k8s.io", False),
+        (agent, "delete", "certificatesigningrequests", "", "certificates.k8s.io", False),
+        (agent, "list", "certificatesigningrequests", "", "certificates.k8s.io", False),
+        (agent, "approve", "signers", "", "certificates.k8s.io", False),
         (operator, "watch", "certificatesigningrequests", "", "certificates.k8s.io", True),
         (operator, "patch", "certificatesigningrequests/approval", "", "certificates.k8s.io", True),
         (operator, "create", "certificatesigningrequests", "", "certificates.k8s.io", False),

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from rmd_agent.settings import AgentSettings
+from rmd_api.agent_certs import NODE_ANNOTATION, NODE_NAME_EXTRA, SIGNER_NAME, USAGES
 from rmd_operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -209,3 +210,16 @@ def test_dashboard_is_shipped_from_the_chart_file() -> None:
     ignore = CHART / ".helmignore"
     patterns = ignore.read_text().split() if ignore.exists() else []
     assert not any(p in ("*.json", "dashboards/", "dashboards") for p in patterns)
+
+
+def test_the_agents_csr_policy_spells_what_the_agent_asks_for() -> None:
+    """The CEL of agent-csr-policy.yaml repeats rmd_api.agent_certs (helm cannot import it) and the longest
+    lifetime the schema lets an agent ask for; tests/e2e/test_chart.py shows the agent's request passes it."""
+    template = (CHART / "templates" / "agent-csr-policy.yaml").read_text()
+    assert f"object.spec.signerName == '{SIGNER_NAME}'" in template
+    assert "[" + ", ".join(f"'{u}'" for u in USAGES) + "]" in template
+    assert f"size(variables.usages) == {len(USAGES)}" in template
+    assert f"'{NODE_ANNOTATION}' in object.metadata.annotations" in template
+    assert f"'{NODE_NAME_EXTRA}' in request.userInfo.extra" in template
+    longest = load_schema()["properties"]["tls"]["properties"]["agentCertificateSeconds"]["maximum"]
+    assert f"object.spec.expirationSeconds <= {longest})" in template

@@ -28,7 +28,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rmd_agent.errors import ConfigError
-from rmd_api.agent_certs import SIGNER_NAME, USAGES
+from rmd_api.agent_certs import NODE_ANNOTATION, SIGNER_NAME, USAGES
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,24 @@ def new_request(name: str) -> tuple[bytes, bytes]:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     return key_pem, request.public_bytes(serialization.Encoding.PEM)
+
+
+def request_body(node: str, request_pem: bytes, expiration_seconds: int) -> dict[str, Any]:
+    """The CertificateSigningRequest the agent of `node` creates for `request_pem`: exactly what the chart's
+    admission policy admits from an agent (charts/rmd/templates/agent-csr-policy.yaml)."""
+    return {
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        # The API server cuts a generated name's prefix to 58 characters, so the name cannot be relied on to
+        # carry the node; the annotation does.
+        "metadata": {"generateName": f"rmd-agent-{node}-"[:200], "annotations": {NODE_ANNOTATION: node}},
+        "spec": {
+            "request": base64.b64encode(request_pem).decode(),
+            "signerName": SIGNER_NAME,
+            "usages": list(USAGES),
+            "expirationSeconds": expiration_seconds,
+        },
+    }
 
 
 def _write_atomically(path: Path, data: bytes, mode: int) -> None:
@@ -166,24 +184,14 @@ class ServingCertificate:
 
     async def _request(self) -> tuple[bytes, bytes]:
         key_pem, request_pem = await asyncio.to_thread(new_request, self.name)
-        body: Any = {
-            "apiVersion": "certificates.k8s.io/v1",
-            "kind": "CertificateSigningRequest",
-            "metadata": {"generateName": f"rmd-agent-{self.node}-"[:200]},
-            "spec": {
-                "request": base64.b64encode(request_pem).decode(),
-                "signerName": SIGNER_NAME,
-                "usages": list(USAGES),
-                "expirationSeconds": self.expiration_seconds,
-            },
-        }
+        body: Any = request_body(self.node, request_pem, self.expiration_seconds)
         try:
             created = await asyncio.to_thread(
                 self._certificates.create_certificate_signing_request, body, _preload_content=False
             )
-        except ApiException as exc:
+        except ApiException as exc:  # the API server's message says why (RBAC, the chart's CSR policy)
             raise CertificateRequestFailed(
-                f"cannot create a CertificateSigningRequest: {exc.status} {exc.reason}"
+                f"cannot create a CertificateSigningRequest: {_api_message(exc)}"
             ) from None
         name = _json(created)["metadata"]["name"]
         cert_pem = await self._wait_for_certificate(name)
@@ -217,6 +225,15 @@ class ServingCertificate:
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, _POLL_SECONDS[1])
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
 
 
 def _json(response: Any) -> dict[str, Any]:
