@@ -8,7 +8,6 @@ Errors the engine raises on purpose: WorkloadRejected (invalid / capacity / conf
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -41,16 +40,6 @@ class AppliedWorkload:
     mba: dict[int, int] = field(default_factory=dict)  # MB domain -> value written
     pstate: PstateOutcome | None = None  # None when the workload asks for no P-state
     status: str = "Successful"
-
-
-def guaranteed_held(workloads: Sequence[AppliedWorkload]) -> dict[int, int]:
-    """L3 cache id -> ways that workloads of the guaranteed pool hold there."""
-    held: dict[int, int] = {}
-    for applied in workloads:
-        if applied.pool == GUARANTEED_POOL:
-            for cache_id, mask in applied.cache.items():
-                held[cache_id] = held.get(cache_id, 0) + mask.bit_count()
-    return held
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,17 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rmd_agent.nrt.exporter import NrtExporter
+from rmd_agent.cache_ways import Holding, parse_device_id
+from rmd_agent.deviceplugin import CacheWaysPlugin, engine_pools
+from rmd_agent.engine_api import AppliedWorkload, CacheDomainSummary, NodeSummary
+from rmd_agent.hostfs import HostFS
+from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider
 from rmd_agent.nrt.fingerprint import fingerprint
 from rmd_agent.nrt.publisher import GROUP, PLURAL, VERSION
 from rmd_agent.nrt.quantity import parse_integer_quantity
 from rmd_agent.nrt.zones import CacheWays
+from rmd_agent.observe.caches import read_l3_caches
+from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import AgentSettings
 from rmd_api.names import CACHE_WAYS_RESOURCE
 from rmd_sim.control_plane import ControlPlane
@@ -104,9 +110,10 @@ async def exporting(
     *,
     devices: Mapping[str, Sequence[Device]] | None = None,
     l3_provider: Callable[[], Awaitable[Sequence[CacheWays]]] | None = None,
+    device_plugins: bool = False,
     **settings: Any,
 ) -> AsyncIterator[tuple[NrtExporter, SimKubelet]]:
-    kubelet = SimKubelet.from_host_tree(node.host, devices=devices or {})
+    kubelet = SimKubelet.from_host_tree(node.host, devices=devices or {}, device_plugins=device_plugins)
     async with kubelet:
         exporter = NrtExporter(
             AgentSettings(node_name=node.name, host_root=node.host, **{**FAST, **settings}),
@@ -159,6 +166,16 @@ def available(obj: Obj, resource: str) -> dict[str, int]:
     """Zone name -> available amount of `resource`."""
     return {
         z["name"]: parse_integer_quantity(r["available"])
+        for z in obj["zones"]
+        for r in z["resources"]
+        if r["name"] == resource
+    }
+
+
+def allocatable(obj: Obj, resource: str) -> dict[str, int]:
+    """Zone name -> allocatable amount of `resource`."""
+    return {
+        z["name"]: parse_integer_quantity(r["allocatable"])
         for z in obj["zones"]
         for r in z["resources"]
         if r["name"] == resource
@@ -342,9 +359,15 @@ async def test_devices_and_cache_ways_follow_allocations(
     spec = NodeSpec.default()
 
     async def l3_provider() -> list[CacheWays]:
-        # What the engine would report: 6 guaranteed ways per L3 (one per socket), some in use.
+        # What the engine would report: 6 guaranteed ways per L3 (one per socket), some held by a workload.
         return [
-            CacheWays(s, frozenset(spec.cpus_of_socket(s)), spec.l3_ways, 6, 6 - guaranteed_used[s])
+            CacheWays(
+                s,
+                frozenset(spec.cpus_of_socket(s)),
+                spec.l3_ways,
+                6,
+                (Holding(frozenset(spec.cpus_of_socket(s)[:1]), guaranteed_used[s]),),
+            )
             for s in range(spec.sockets)
         ]
 
@@ -375,3 +398,102 @@ async def test_devices_and_cache_ways_follow_allocations(
 
         after = await eventually(updated, "devices and cache ways to be taken")
         assert available(after, CACHE_WAYS_RESOURCE)["node-0"] == 6
+
+
+class PoolEngine:
+    """The engine's side of the cache ways, booked like the real one: a guaranteed pool of `pool` ways on each
+    L3 of the host tree, free = pool - what the applied guaranteed workloads hold."""
+
+    def __init__(self, host: Path, pool: int) -> None:
+        caches = read_l3_caches(HostFS(host))
+        assert isinstance(caches, list)
+        self.caches, self.pool = caches, pool
+        self.applied: dict[str, AppliedWorkload] = {}
+
+    async def node(self) -> NodeSummary:
+        held = [w.cache for w in self.applied.values()]
+        summaries = tuple(
+            CacheDomainSummary(
+                c.id,
+                c.cpus,
+                c.ways,
+                {"guaranteed": self.pool - sum(m.get(c.id, 0).bit_count() for m in held)},
+            )
+            for c in self.caches
+        )
+        return NodeSummary("n", {}, 64, 2, summaries, 16, 1, len(self.applied))
+
+    async def list(self) -> list[AppliedWorkload]:
+        return list(self.applied.values())
+
+    def apply(self, name: str, cpus: frozenset[int], cache: dict[int, int]) -> None:
+        workload = Workload("e2e", name, core_ids=cpus, cache_max=2, cache_min=2)
+        self.applied[name] = AppliedWorkload(workload, name, f"rmd-e2e.{name}", "guaranteed", cache)
+
+
+async def test_cache_ways_mean_the_same_to_the_kubelet_the_plugin_and_the_zones(
+    control_plane: ControlPlane, sim_node: SimNode
+) -> None:
+    """#13 item 10: a zone's allocatable is the plugin's devices for its L3 (what the kubelet has), available
+    drops by a pod's ways once: at admission (the kubelet's books), not again when its workload is applied
+    (the engine's)."""
+    engine = PoolEngine(sim_node.host, 5)
+    l3_provider = engine_l3_provider(engine)  # type: ignore[arg-type]
+    pools = engine_pools(engine, HostFS(sim_node.host))  # type: ignore[arg-type]
+    async with exporting(control_plane, sim_node, l3_provider=l3_provider, device_plugins=True) as (
+        exporter,
+        kubelet,
+    ):
+        assert kubelet.device_manager is not None
+        plugin = CacheWaysPlugin(pools, kubelet.device_manager.plugin_dir, watch_seconds=0.05)
+        plugin_task = asyncio.create_task(plugin.run())
+        try:
+
+            def kubelet_ways() -> dict[str, int]:
+                """NUMA zone -> the plugin's devices the kubelet lists there."""
+                per_zone: dict[str, int] = {}
+                for device in kubelet.devices.get(CACHE_WAYS_RESOURCE, ()):
+                    for numa in device.numa_nodes:
+                        per_zone[f"node-{numa}"] = per_zone.get(f"node-{numa}", 0) + 1
+                return per_zone
+
+            async def ways_with(want: dict[str, int]) -> Obj | None:
+                obj = await sim_node.nrt()
+                return obj if obj and available(obj, CACHE_WAYS_RESOURCE) == want else None
+
+            async def registered() -> bool:
+                return kubelet_ways() == {"node-0": 5, "node-1": 5}
+
+            await eventually(registered, "the plugin's 5 ways per L3 in the kubelet")
+            empty = await eventually(lambda: ways_with({"node-0": 5, "node-1": 5}), "all ways available")
+            assert allocatable(empty, CACHE_WAYS_RESOURCE) == kubelet_ways()
+
+            pod = await kubelet.admit_pod(
+                "e2e",
+                "ways",
+                "uid-ways",
+                [ContainerSpec("c", "2", "2", "1Gi", "1Gi", {CACHE_WAYS_RESOURCE: 2})],
+            )
+            held = pod.devices["c"][CACHE_WAYS_RESOURCE]
+            caches = {parsed[0] for parsed in (parse_device_id(d.id) for d in held) if parsed}
+            assert len(held) == 2 and len(caches) == 1
+            cache = caches.pop()  # one L3 per socket and NUMA node here, numbered alike
+            zone, other = f"node-{cache}", f"node-{1 - cache}"
+            await eventually(lambda: ways_with({zone: 3, other: 5}), "the pod's 2 ways taken at admission")
+
+            engine.apply("ways-rmd-workload-c", pod.cpus["c"], {cache: 0b11000})
+            plugin.notify()
+            exporter.poke("workloads changed")
+            await settled(exporter)
+            applied = await sim_node.nrt()
+            assert applied is not None
+            assert available(applied, CACHE_WAYS_RESOURCE) == {zone: 3, other: 5}  # the same 2, not 2 more
+            assert allocatable(applied, CACHE_WAYS_RESOURCE) == kubelet_ways() == {"node-0": 5, "node-1": 5}
+
+            kubelet.remove_pod("uid-ways")
+            del engine.applied["ways-rmd-workload-c"]
+            exporter.poke("workloads changed")
+            await eventually(lambda: ways_with({"node-0": 5, "node-1": 5}), "the ways back")
+        finally:
+            plugin.stop()
+            await asyncio.wait_for(plugin_task, TIMEOUT)

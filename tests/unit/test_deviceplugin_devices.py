@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rmd_agent.cache_ways import device_id, parse_device_id
 from rmd_agent.deviceplugin.devices import (
     ENV_CACHE_IDS,
     ENV_DEVICES,
@@ -14,9 +15,7 @@ from rmd_agent.deviceplugin.devices import (
     UnknownDevices,
     WayPool,
     allocation_envs,
-    device_id,
     numa_nodes_of,
-    parse_device_id,
     plan_devices,
     preferred_ways,
 )
@@ -105,7 +104,7 @@ def test_pool_size_is_free_plus_what_guaranteed_workloads_hold() -> None:
     caches = [
         _summary(0, {0, 1}, {"guaranteed": 2, "besteffort": 4, "shared": 1}),
         _summary(1, {2, 3}, {"guaranteed": 5, "besteffort": 4, "shared": 1}),
-        _summary(2, {4}, {}),  # no L3 CAT on this one: no pool
+        _summary(2, {4}, {}),  # no L3 CAT on this one: no pool, no devices
     ]
     workloads = [
         AppliedWorkload(Workload("ns", "g"), "1", "COS1", "guaranteed", cache={0: 0b0000111000}),
@@ -119,5 +118,4 @@ def test_pool_size_is_free_plus_what_guaranteed_workloads_hold() -> None:
     assert pools == [
         WayPool(0, frozenset({0}), 2 + 3 + 1),
         WayPool(1, frozenset({1}), 5 + 1),
-        WayPool(2, frozenset({1}), 0),
     ]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from rmd_agent.cache_ways import Holding
 from rmd_agent.engine_api import CacheDomainSummary, NodeSummary
 from rmd_agent.errors import ConfigError
 from rmd_agent.hostfs import HostFS
@@ -164,9 +165,14 @@ class FakeEngine:
 
 async def test_engine_provider_reports_the_guaranteed_pool_and_skips_domains_without_one() -> None:
     """Allocatable is the guaranteed pool, free plus held: what the device plugin advertises and the Node's
-    capacity shows. (It was the whole cache: on a real node the zone said 11 while the kubelet had 5.)"""
-    holder = SimpleNamespace(pool="guaranteed", cache={0: 0b11})
-    other = SimpleNamespace(pool="besteffort", cache={0: 0b100})
+    capacity shows. (It was the whole cache: on a real node the zone said 11 while the kubelet had 5.) The
+    guaranteed workloads' ways come along, for compute_zones to count them once with the pods' devices."""
+    holder = SimpleNamespace(
+        pool="guaranteed", cache={0: 0b11}, workload=SimpleNamespace(core_ids=frozenset({1}))
+    )
+    other = SimpleNamespace(
+        pool="besteffort", cache={0: 0b100}, workload=SimpleNamespace(core_ids=frozenset({0}))
+    )
     engine = FakeEngine(
         (
             CacheDomainSummary(0, frozenset({0, 1}), 11, {"guaranteed": 3, "besteffort": 2, "shared": 2}),
@@ -174,7 +180,9 @@ async def test_engine_provider_reports_the_guaranteed_pool_and_skips_domains_wit
         ),
         [holder, other],
     )
-    assert await engine_l3_provider(engine)() == [CacheWays(0, frozenset({0, 1}), 11, 5, 3)]  # type: ignore[arg-type]
+    assert await engine_l3_provider(engine)() == [  # type: ignore[arg-type]
+        CacheWays(0, frozenset({0, 1}), 11, 5, (Holding(frozenset({1}), 2),))
+    ]
 
 
 async def test_sysfs_provider_reports_every_way_free(make_tree: Callable[[Mapping[str, str]], Path]) -> None:
@@ -189,6 +197,4 @@ async def test_sysfs_provider_reports_every_way_free(make_tree: Callable[[Mappin
             base + "ways_of_associativity": "12\n",
             base + "size": "16384K\n",
         }
-    assert await sysfs_l3_provider(HostFS(make_tree(files)))() == [
-        CacheWays(0, frozenset({0, 1}), 12, 12, 12)
-    ]
+    assert await sysfs_l3_provider(HostFS(make_tree(files)))() == [CacheWays(0, frozenset({0, 1}), 12, 12)]

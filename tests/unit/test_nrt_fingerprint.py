@@ -151,7 +151,7 @@ def nrt_resources() -> set[str]:
         NUMA,
         AllocatableResources(frozenset(range(16)), devices),
         [],
-        [CacheWays(0, frozenset(range(16)), 11, 6, 6)],
+        [CacheWays(0, frozenset(range(16)), 11, 6)],
         exclude=("example.com/gpu",),
     )
     return {r.name for zone in zones for r in zone.resources}

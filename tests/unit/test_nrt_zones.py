@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rmd_agent.cache_ways import Holding
 from rmd_agent.kubelet.config import KubeletConfig
 from rmd_agent.kubelet.podresources import (
     AllocatableResources,
@@ -368,8 +369,8 @@ def test_a_device_on_two_numa_nodes_counts_in_both_and_is_taken_from_both() -> N
 
 def test_cache_ways_per_zone_follow_the_l3_domain_of_its_cpus() -> None:
     caches = [
-        CacheWays(0, frozenset(range(0, 24, 2)), 11, 6, 2),
-        CacheWays(1, frozenset(range(1, 24, 2)), 11, 6, 6),
+        CacheWays(0, frozenset(range(0, 24, 2)), 11, 6, (Holding(frozenset({0, 2}), 4),)),
+        CacheWays(1, frozenset(range(1, 24, 2)), 11, 6),
     ]
     zones = compute_zones(RTE_NUMA, AllocatableResources(frozenset(range(24))), [], caches)
     assert [z.resource(CACHE_WAYS_RESOURCE) for z in zones] == [
@@ -379,7 +380,10 @@ def test_cache_ways_per_zone_follow_the_l3_domain_of_its_cpus() -> None:
 
 
 def test_a_zone_spanning_two_l3_domains_reports_the_tighter_one() -> None:
-    caches = [CacheWays(0, frozenset({0, 2, 4}), 11, 8, 5), CacheWays(1, frozenset({6, 8}), 12, 7, 7)]
+    caches = [
+        CacheWays(0, frozenset({0, 2, 4}), 11, 8, (Holding(frozenset({2}), 3),)),
+        CacheWays(1, frozenset({6, 8}), 12, 7),
+    ]
     zones = compute_zones(RTE_NUMA, AllocatableResources(frozenset(range(24))), [], caches)
     assert zones[0].resource(CACHE_WAYS_RESOURCE) == ResourceInfo(CACHE_WAYS_RESOURCE, 11, 7, 5)
     assert zones[1].resource(CACHE_WAYS_RESOURCE) is None  # no cache information for its CPUs
@@ -387,7 +391,7 @@ def test_a_zone_spanning_two_l3_domains_reports_the_tighter_one() -> None:
 
 def test_computed_cache_ways_replace_device_plugin_ways_of_the_same_name() -> None:
     ways = tuple(dev(CACHE_WAYS_RESOURCE, f"w{i}", 0) for i in range(4))
-    caches = [CacheWays(0, RTE_NUMA[0].cpus, 11, 11, 9)]
+    caches = [CacheWays(0, RTE_NUMA[0].cpus, 11, 11, (Holding(frozenset({0}), 2),))]
     zones = compute_zones(RTE_NUMA, AllocatableResources(frozenset(range(24)), ways), [], caches)
     assert zones[0].resource(CACHE_WAYS_RESOURCE) == ResourceInfo(CACHE_WAYS_RESOURCE, 11, 11, 9)
 
@@ -480,6 +484,12 @@ def node_states(
                     tuple(
                         dev("example.com/dev", f"d{j}", draw(st.sampled_from(ids)))
                         for j in draw(st.sets(st.integers(0, 6), max_size=3))
+                    )
+                    + tuple(
+                        dev(CACHE_WAYS_RESOURCE, f"l3-{c}-way-{w}", draw(st.sampled_from(ids)))
+                        for c, w in draw(
+                            st.sets(st.tuples(st.integers(0, 1), st.integers(0, 20)), max_size=4)
+                        )
                     ),
                     tuple(
                         block(
@@ -496,7 +506,11 @@ def node_states(
     ]
     caches = [
         CacheWays(
-            k, draw(cpu_sets), draw(st.integers(1, 20)), draw(st.integers(0, 25)), draw(st.integers(-3, 25))
+            k,
+            draw(cpu_sets),
+            draw(st.integers(1, 20)),
+            draw(st.integers(0, 25)),
+            tuple(Holding(draw(cpu_sets), draw(st.integers(0, 8))) for _ in range(draw(st.integers(0, 3)))),
         )
         for k in range(draw(st.integers(0, 2)))
     ]

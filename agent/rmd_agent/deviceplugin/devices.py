@@ -1,6 +1,7 @@
 """The cache-way devices the plugin advertises, and what it answers for them. Pure: no gRPC, no I/O.
 
-One device per way of the guaranteed pool per L3 cache, `l3-<cache id>-way-<n>`, n = 0 .. pool size - 1.
+One device per way of the guaranteed pool per L3 cache (its size: rmd_agent.cache_ways, which the
+NodeResourceTopology uses too), `l3-<cache id>-way-<n>`, n = 0 .. pool size - 1.
 n is an index, not a capacity-bitmask bit: the kubelet only counts devices, and the engine picks the bits
 when the workload that asks for the ways is applied. A device's topology is every NUMA node holding CPUs of
 its cache, so the topology manager can put a container's ways and CPUs on the same node.
@@ -8,16 +9,15 @@ its cache, so the topology manager can put a container's ways and CPUs on the sa
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from rmd_agent.cache_ways import device_id, parse_device_id
 
 # What Allocate puts into the container's environment (docs/deviceplugin.md).
 ENV_WAYS = "RMD_L3_CACHE_WAYS"  # how many ways the container was given
 ENV_DEVICES = "RMD_L3_CACHE_WAY_DEVICES"  # the device ids, comma-separated, sorted
 ENV_CACHE_IDS = "RMD_L3_CACHE_IDS"  # the L3 cache ids those ways belong to, comma-separated
-
-_DEVICE_ID = re.compile(r"l3-(\d+)-way-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -42,16 +42,6 @@ class WayDevice:
 
 class UnknownDevices(ValueError):
     """Allocate named devices the plugin does not advertise (any more)."""
-
-
-def device_id(cache_id: int, way: int) -> str:
-    return f"l3-{cache_id}-way-{way}"
-
-
-def parse_device_id(text: str) -> tuple[int, int] | None:
-    """(cache id, way index) of a device id, None when it is not one of ours."""
-    match = _DEVICE_ID.fullmatch(text)
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def plan_devices(pools: Iterable[WayPool]) -> tuple[WayDevice, ...]:

@@ -1,11 +1,9 @@
-"""Where the plugin's WayPools come from: the engine's view of the guaranteed pool, placed on NUMA nodes
-with sysfs.
+"""Where the plugin's WayPools come from: the engine's guaranteed pool per L3 cache (rmd_agent.cache_ways,
+the same size the NodeResourceTopology publishes as a zone's allocatable), placed on NUMA nodes with sysfs.
 
 The kubelet does the per-pod accounting of the devices, so what is advertised is the size of the pool, not
 its free part: a pod that got 2 devices holds them in the kubelet's books, and when its workload is
 applied the engine's free count drops by the same 2; advertising the free count would count them twice.
-The pool size is what the engine reports free plus what guaranteed workloads hold on that cache; ways held
-by resctrl groups of other tools are in neither, so they are not advertised.
 """
 
 from __future__ import annotations
@@ -13,9 +11,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
+from rmd_agent import cache_ways
 from rmd_agent.deviceplugin.devices import WayPool, numa_nodes_of
 from rmd_agent.deviceplugin.plugin import PoolProvider
-from rmd_agent.engine_api import GUARANTEED_POOL, AppliedWorkload, CacheDomainSummary, Engine, guaranteed_held
+from rmd_agent.engine_api import AppliedWorkload, CacheDomainSummary, Engine
 from rmd_agent.errors import Unsupported
 from rmd_agent.hostfs import HostFS
 from rmd_agent.observe.numa import read_numa_nodes
@@ -26,16 +25,12 @@ def guaranteed_pools(
     workloads: Sequence[AppliedWorkload],
     numa_cpus: Mapping[int, frozenset[int]],
 ) -> list[WayPool]:
-    """One WayPool per L3 cache: free guaranteed ways plus the ways guaranteed workloads hold there.
-
-    A cache without a guaranteed pool (no L3 CAT, resctrl not mounted) gets 0 ways."""
-    held = guaranteed_held(workloads)
-    pools = []
-    for cache in caches:
-        free = cache.free_ways.get(GUARANTEED_POOL)
-        ways = 0 if free is None else free + held.get(cache.cache_id, 0)
-        pools.append(WayPool(cache.cache_id, numa_nodes_of(cache.cpus, numa_cpus), ways))
-    return pools
+    """One WayPool per L3 cache with a guaranteed pool (no L3 CAT or resctrl not mounted: none, so no
+    devices)."""
+    return [
+        WayPool(p.cache_id, numa_nodes_of(p.cpus, numa_cpus), p.size)
+        for p in cache_ways.guaranteed_pools(caches, workloads)
+    ]
 
 
 def read_numa_cpus(fs: HostFS) -> dict[int, frozenset[int]]:

@@ -26,7 +26,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from rmd_agent.engine_api import GUARANTEED_POOL, Engine, guaranteed_held
+from rmd_agent.cache_ways import guaranteed_pools
+from rmd_agent.engine_api import Engine
 from rmd_agent.errors import AgentError, ConfigError, Unsupported
 from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.config import KubeletConfig, read_kubelet_config
@@ -78,7 +79,7 @@ def sysfs_l3_provider(fs: HostFS) -> L3Provider:
             caches = (
                 []
                 if isinstance(found, Unsupported)
-                else [CacheWays(c.id, c.cpus, c.ways, c.ways, c.ways) for c in found]
+                else [CacheWays(c.id, c.cpus, c.ways, c.ways) for c in found]
             )
         return caches
 
@@ -86,25 +87,18 @@ def sysfs_l3_provider(fs: HostFS) -> L3Provider:
 
 
 def engine_l3_provider(engine: Engine) -> L3Provider:
-    """Cache ways as the engine allocates them: allocatable = the guaranteed pool (what the device plugin
-    advertises, so the zone agrees with the Node's capacity), available = the pool's ways still free.
+    """Cache ways as the engine allocates them: allocatable = the guaranteed pool (rmd_agent.cache_ways, the
+    device plugin's devices for that cache, so the zones agree with the Node's allocatable), with what the
+    guaranteed workloads hold there; compute_zones takes the devices pods hold from PodResources.
 
     A domain without a guaranteed pool (no L3 CAT, resctrl not mounted) is left out, and with it the resource.
     """
 
     async def provide() -> Sequence[CacheWays]:
         summary = await engine.node()
-        held = guaranteed_held(await engine.list())
         return [
-            CacheWays(
-                c.cache_id,
-                c.cpus,
-                c.ways,
-                c.free_ways[GUARANTEED_POOL] + held.get(c.cache_id, 0),
-                c.free_ways[GUARANTEED_POOL],
-            )
-            for c in summary.caches
-            if GUARANTEED_POOL in c.free_ways
+            CacheWays(p.cache_id, p.cpus, p.cache_ways, p.size, p.workloads)
+            for p in guaranteed_pools(summary.caches, await engine.list())
         ]
 
     return provide

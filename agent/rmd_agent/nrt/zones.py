@@ -18,8 +18,11 @@ resources (reference notes numa-topology-podresources.md §3; docs/topology.md):
 * devices: one count per device id per NUMA node the kubelet associates with it (healthy devices only);
   devices without topology are node-level and left out. A device a container holds is taken from every zone
   that lists it.
-* `intel.com/l3_cache_ways` (ours): guaranteed L3 ways a workload on this zone's CPUs can still get. A zone
-  spanning several L3 domains gets the smallest value of them, so the scheduler never over-promises.
+* `intel.com/l3_cache_ways` (ours): capacity = ways of the zone's L3; allocatable = its guaranteed pool
+  (rmd_agent.cache_ways, the devices the device plugin advertises for that cache); available = the pool
+  minus the ways in use there, by the kubelet's books (devices containers hold) and the engine's (guaranteed
+  workloads), a container's devices and its workload counted once. A zone spanning several L3 domains gets
+  the smallest values of them, so the scheduler never over-promises.
 
 Available is floored at 0 and capped at allocatable; capacity is raised to allocatable when the kubelet
 reports more than sysfs. Zones are in NUMA id order, costs likewise, resources by name, so equal inputs
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
+from rmd_agent.cache_ways import Holding, device_holdings, ways_in_use
 from rmd_agent.kubelet.podresources import AllocatableResources, MemoryBlock, PodResources
 from rmd_agent.nrt.quantity import decimal_si
 from rmd_agent.observe.numa import NumaNode
@@ -90,13 +94,14 @@ class Zone:
 
 @dataclass(frozen=True)
 class CacheWays:
-    """One L3 cache domain as the cache-ways resource shows it; the engine knows the allocations."""
+    """One L3 cache domain as the cache-ways resource shows it; the engine knows the allocations, the pods
+    (PodResources) the devices the kubelet handed out."""
 
     cache_id: int
     cpus: frozenset[int]
     capacity: int  # ways of the cache
     allocatable: int  # ways guaranteed workloads may be given (the guaranteed pool)
-    available: int  # of those, ways no guaranteed workload holds yet
+    workloads: tuple[Holding, ...] = ()  # what the engine's guaranteed workloads hold on this cache
 
 
 def is_excluded(name: str, patterns: Iterable[str]) -> bool:
@@ -183,13 +188,16 @@ def _device_counts(
     }
 
 
-def _cache_ways(node: NumaNode, caches: Sequence[CacheWays]) -> ResourceInfo | None:
+def _cache_ways(
+    node: NumaNode, caches: Sequence[CacheWays], devices: Mapping[int, Sequence[Holding]]
+) -> ResourceInfo | None:
     domains = [c for c in caches if c.cpus & node.cpus]
     if not domains:
         return None
     capacity = min(c.capacity for c in domains)
     allocatable = min(capacity, *(c.allocatable for c in domains))
-    return _resource(CACHE_WAYS_RESOURCE, capacity, allocatable, min(c.available for c in domains))
+    available = min(c.allocatable - ways_in_use(c.workloads, devices.get(c.cache_id, ())) for c in domains)
+    return _resource(CACHE_WAYS_RESOURCE, capacity, allocatable, available)
 
 
 def compute_zones(
@@ -216,6 +224,7 @@ def compute_zones(
     mem_used = _memory_used(mem_allocatable, pods)
     reported_kinds = {b.memory_type for b in allocatable.memory}
     devices = _device_counts((n.id for n in numa), allocatable, pods)
+    ways_held = device_holdings(pods)
 
     zones = []
     for node in numa:
@@ -231,8 +240,8 @@ def compute_zones(
                 used = mem_used.get(node.id, {}).get(kind, 0)
                 resources[kind] = _resource(kind, capacity, alloc, alloc - used)
         resources.update((d.name, d) for d in devices[node.id])
-        cache = _cache_ways(node, caches)
-        if cache is not None:  # overrides a device plugin's per-way devices of the same name
+        cache = _cache_ways(node, caches, ways_held)
+        if cache is not None:  # replaces the kubelet's count of the plugin's devices: a zone is not a cache
             resources[cache.name] = cache
         zones.append(
             Zone(
