@@ -49,6 +49,7 @@ from rmd_agent.observe.numa import read_numa_nodes
 from rmd_agent.observe.resctrl import RESCTRL, ResctrlState, read_resctrl
 from rmd_agent.plan.allocation import free_ways, workload_allocation
 from rmd_agent.plan.inventory import NodeInventory, PoolConfig
+from rmd_agent.plan.mba import mba_applied
 from rmd_agent.plan.policy import PolicyBook, platform_from_cpuinfo
 from rmd_agent.plan.pstate_request import check_pstate_request
 from rmd_agent.plan.registry_plan import plan_registry
@@ -399,7 +400,16 @@ class NodeEngine:
         if group is None:  # no cache or MBA part
             return AppliedWorkload(w, record.id, "", "none", pstate=self.pstate.outcome(w), status=STATUS_OK)
         cache, mba = workload_allocation(group, self._inventory(None), w)
-        return AppliedWorkload(w, record.id, group.name, str(group.pool), cache, mba, self.pstate.outcome(w))
+        return AppliedWorkload(
+            w,
+            record.id,
+            group.name,
+            str(group.pool),
+            cache,
+            mba,
+            self.pstate.outcome(w),
+            mba_applied=mba_applied(w, mba, layout.mba),
+        )
 
     # -- hooks -----------------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from rmd_agent.errors import AgentError
+from rmd_agent.plan.mba import MbaApplied
 from rmd_agent.plan.workload import Pool, Workload
 
 GUARANTEED_POOL = str(Pool.GUARANTEED)
@@ -40,6 +41,7 @@ class AppliedWorkload:
     mba: dict[int, int] = field(default_factory=dict)  # MB domain -> value written
     pstate: PstateOutcome | None = None  # None when the workload asks for no P-state
     status: str = "Successful"
+    mba_applied: MbaApplied | None = None  # its MBA request and the value held (kernel-rounded); None: no MBA
 
 
 @dataclass(frozen=True)

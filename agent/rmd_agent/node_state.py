@@ -151,7 +151,8 @@ def capabilities_map(capabilities: Mapping[str, tuple[bool, str]]) -> Obj:
 
 def workload_entry(applied: AppliedWorkload) -> dict[str, str]:
     """One workload in rmd-operator's map format (its UpdateNodeStatusWorkload keys and value syntax), plus
-    "Namespace", which rmd-operator lacked because it keyed workloads by name alone."""
+    "Namespace", which rmd-operator lacked because it keyed workloads by name alone, and the MBA value the
+    node holds ("MBA Applied", "MBA Rounded", "MBA Message")."""
     w = applied.workload
     entry = {"Namespace": w.namespace}
     if applied.id:
@@ -169,6 +170,12 @@ def workload_entry(applied: AppliedWorkload) -> dict[str, str]:
         entry["MBA Percentage"] = str(w.mba_percentage)
     if w.mba_mbps is not None:
         entry["MBA Mbps"] = str(w.mba_mbps)
+    held = applied.mba_applied
+    if held is not None:  # additions: the value the kernel holds, which may be the request rounded up
+        entry["MBA Applied"] = str(held.value)
+        entry["MBA Rounded"] = "true" if held.rounded else "false"
+        if held.detail:
+            entry["MBA Message"] = held.detail
     entry["Origin"] = ORIGIN
     if w.policy:
         entry["Policy"] = w.policy

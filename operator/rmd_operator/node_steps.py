@@ -147,6 +147,7 @@ class NodeSteps:
                 extra={"node": node, "workload": f"{ref.namespace}/{ref.name}"},
             )
         started = self._clock()
+        rounded: st.EventText | None = None
         try:
             workload, changed = await self._agents.apply(node, endpoint, ref, spec)
         except CallFailure as exc:
@@ -165,8 +166,11 @@ class NodeSteps:
                 event = st.updated_event(node, generation, workload)
             else:
                 event = st.transition_event(node, prev, outcome)
+            rounded = st.mba_rounded_event(node, workload)
         if event is not None:
             self._event(body, event)
+        if rounded is not None:
+            self._event(body, rounded)
         return outcome
 
     def _check_freshness(self) -> float:

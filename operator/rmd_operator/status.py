@@ -117,8 +117,20 @@ def entry(outcome: Outcome) -> dict[str, Any]:
         "id": w.id,
         "cosName": w.cos_name,
         "coreIds": [format_cpu_list(w.cpus)] if w.cpus else [],
-        **resource_fields(w.spec),
+        **_with_mba_applied(resource_fields(w.spec), w),
     }
+
+
+def _with_mba_applied(fields: dict[str, Any], w: agent_pb2.Workload) -> dict[str, Any]:
+    """rdt.mba keeps the request (percentage or mbps, as before) and gains what the node holds: `applied`,
+    `rounded` and, when rounded, the agent's `message`. Agents that do not say leave it as it was."""
+    mba = fields.get("rdt", {}).get("mba")
+    if mba is not None and w.HasField("mba_applied"):
+        mba["applied"] = w.mba_applied.value
+        mba["rounded"] = w.mba_applied.rounded
+        if w.mba_applied.detail:
+            mba["message"] = w.mba_applied.detail
+    return fields
 
 
 def removal_pending(message: str) -> Outcome:
@@ -292,6 +304,22 @@ def drift_event(node: str, workload: agent_pb2.Workload | None) -> EventText:
         "Normal",
         "DriftRepaired",
         f"node {node} no longer had the workload; re-applied{_describe(workload)}",
+    )
+
+
+def mba_rounded_event(node: str, workload: agent_pb2.Workload) -> EventText | None:
+    """The Event for an MBA request the node holds rounded up (None when it holds it as asked), once per node
+    and value: a re-apply or an operator restart does not repeat it."""
+    held = workload.mba_applied
+    if not workload.HasField("mba_applied") or not held.rounded:
+        return None
+    asked = workload.spec.mba.WhichOneof("value") or ""
+    requested = getattr(workload.spec.mba, asked) if asked else 0
+    return EventText(
+        "Normal",
+        "MbaRounded",
+        f"node {node}: {held.detail}",
+        once=f"mba-rounded/{node}/{requested}/{held.value}",
     )
 
 

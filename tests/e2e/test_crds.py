@@ -632,7 +632,16 @@ WORKLOAD_STATUS: Obj = {
             "cosName": "COS2",
             "status": "Successful",
             "coreIds": ["0-3"],
-            "rdt": {"cache": {"max": 2, "min": 2}},
+            "rdt": {
+                "cache": {"max": 2, "min": 2},
+                # what the node holds beside what was asked (#13 item 5): pruned if the schema lacked it
+                "mba": {
+                    "percentage": 15,
+                    "applied": 20,
+                    "rounded": True,
+                    "message": "MBA 15% rounded up to 20%: the node's MBA step (bandwidth_gran) is 10%",
+                },
+            },
         }
     },
 }

@@ -679,12 +679,18 @@ def test_agent_decisions_reach_the_status(system: System, ns: str) -> None:  # c
     def with_mba(cores: str, ways: tuple[int, int], mba: Obj) -> Obj:
         return {"coreIds": [cores], "rdt": {"cache": {"max": ways[0], "min": ways[1]}, "mba": mba}, **on}
 
-    system.create(ns, "mba", with_mba("16", (1, 1), {"percentage": 50}))
+    # The node's MBA step is 10%: 55% is held as 60%, and the status says so (#13 item 5).
+    system.create(ns, "mba", with_mba("16", (1, 1), {"percentage": 55}))
     system.create(ns, "mbps", with_mba("18", (1, 1), {"mbps": 100}))
     entry = system.wait_states(ns, "mba", {node: "Successful"})[node]
-    assert entry["rdt"]["mba"] == {"percentage": 50}
+    assert entry["rdt"]["mba"] == {
+        "percentage": 55,
+        "applied": 60,
+        "rounded": True,
+        "message": "MBA 55% rounded up to 60%: the node's MBA step (bandwidth_gran) is 10%",
+    }
     mba = system.held(node, ns)["mba"]
-    assert resctrl_groups(system.node(node))[mba.cos_name].mb[1] == 50  # CPU 16 is on socket 1
+    assert resctrl_groups(system.node(node))[mba.cos_name].mb[1] == 60  # CPU 16 is on socket 1
     entry = system.wait_states(ns, "mbps", {node: "Failed"})[node]
     assert "takes a percentage" in entry["response"]
     with pytest.raises(ApiException) as rejected:

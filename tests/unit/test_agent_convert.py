@@ -16,6 +16,7 @@ from rmd_agent.engine_api import (
     NodeSummary,
     PstateOutcome,
 )
+from rmd_agent.plan.mba import MbaApplied
 from rmd_agent.plan.pstate_request import pstate_request
 from rmd_agent.plan.workload import RejectReason, Workload, WorkloadRejected
 from rmd_agent.server import convert
@@ -212,6 +213,18 @@ def test_workload_message() -> None:
     assert [(c.cache_id, c.mask, c.ways) for c in m.cache] == [(0, "3", 2), (1, "c0", 2)]
     assert dict(m.mba) == {0: 50, 1: 50}
     assert m.HasField("pstate") and not m.pstate.supported and m.pstate.detail == "no cpufreq"
+
+
+def test_workload_message_carries_the_mba_value_the_node_holds() -> None:
+    """#13 item 5: the applied (rounded) value travels with the requested one."""
+    w = Workload("ns", "w", core_ids=frozenset({1}), cache_max=2, cache_min=2, mba_percentage=15)
+    held = MbaApplied(requested=15, value=20, mbps=False, step=10)
+    m = convert.workload_message(AppliedWorkload(w, "id", "g", "guaranteed", mba={0: 20}, mba_applied=held))
+    assert m.spec.mba.percentage == 15
+    assert (m.mba_applied.value, m.mba_applied.rounded) == (20, True)
+    assert m.mba_applied.detail == "MBA 15% rounded up to 20%: the node's MBA step (bandwidth_gran) is 10%"
+    shared = AppliedWorkload(Workload("ns", "p", core_ids=frozenset({1})), "id", "", "shared")
+    assert not convert.workload_message(shared).HasField("mba_applied")
 
 
 def test_workload_message_without_pstate_has_no_pstate() -> None:

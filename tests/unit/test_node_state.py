@@ -4,6 +4,7 @@ Core IDs comma-joined, P-State Ratio printed with Go's %f."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,7 @@ from rmd_agent.node_state import (
     workload_entry,
     workloads_map,
 )
+from rmd_agent.plan.mba import MbaApplied
 from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import load_settings
 from rmd_api.node_state import AGENT_READY, AGENT_STOPPED, ENGINE_NOT_READY, READY, node_state_name
@@ -107,6 +109,40 @@ def test_mba_in_the_unit_given(fields: dict[str, Any], present: dict[str, str], 
     assert absent not in entry
 
 
+@pytest.mark.parametrize(
+    ("fields", "held", "expected"),
+    [
+        (
+            {"mba_percentage": 15},
+            MbaApplied(requested=15, value=20, mbps=False, step=10),
+            {
+                "MBA Percentage": "15",
+                "MBA Applied": "20",
+                "MBA Rounded": "true",
+                "MBA Message": "MBA 15% rounded up to 20%: the node's MBA step (bandwidth_gran) is 10%",
+            },
+        ),
+        (
+            {"mba_percentage": 40},
+            MbaApplied(requested=40, value=40, mbps=False, step=10),
+            {"MBA Percentage": "40", "MBA Applied": "40", "MBA Rounded": "false"},
+        ),
+        (
+            {"mba_mbps": 2500},  # the kernel takes MBps as given
+            MbaApplied(requested=2500, value=2500, mbps=True, step=0),
+            {"MBA Mbps": "2500", "MBA Applied": "2500", "MBA Rounded": "false"},
+        ),
+    ],
+)
+def test_mba_the_node_holds_and_whether_it_was_rounded(
+    fields: dict[str, Any], held: MbaApplied, expected: dict[str, str]
+) -> None:
+    """#13 item 5: beside the requested value, the value the group's schemata holds."""
+    w = applied(pool="guaranteed", cache_max=3, cache_min=3, cos="COS1", **fields)
+    entry = workload_entry(AppliedWorkload(w.workload, w.id, w.cos_name, w.pool, mba_applied=held))
+    assert {k: v for k, v in entry.items() if k.startswith("MBA")} == expected
+
+
 @pytest.mark.parametrize(("ratio", "text"), [(3.0, "3.000000"), (2.5, "2.500000"), (1.125, "1.125000")])
 def test_pstate_ratio_printed_like_gos_percent_f(ratio: float, text: str) -> None:
     w = applied(pstate_ratio=ratio, pstate_monitoring="on")
@@ -131,13 +167,15 @@ def test_failed_status_is_shown() -> None:
     assert workload_entry(applied(status="Failed"))["Status"] == "Failed"
 
 
-def test_only_original_keys_plus_namespace_and_strings_only() -> None:
+def test_only_original_keys_plus_namespace_and_the_mba_held_and_strings_only() -> None:
     everything = applied(
-        cos="COS1", pool="guaranteed", cache_max=2, cache_min=2, mba_percentage=40, policy="gold",
+        cos="COS1", pool="guaranteed", cache_max=2, cache_min=2, mba_percentage=45, policy="gold",
         pstate_ratio=2.0, pstate_monitoring="on",
     )  # fmt: skip
-    entry = workload_entry(everything)
-    assert set(entry) == ORIGINAL_KEYS - {"MBA Mbps"} | {"Namespace"}
+    held = MbaApplied(requested=45, value=50, mbps=False, step=10)
+    entry = workload_entry(dataclasses.replace(everything, mba_applied=held))
+    additions = {"Namespace", "MBA Applied", "MBA Rounded", "MBA Message"}
+    assert set(entry) == ORIGINAL_KEYS - {"MBA Mbps"} | additions
     assert all(isinstance(v, str) for v in entry.values())
 
 

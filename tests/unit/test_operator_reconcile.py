@@ -33,6 +33,7 @@ class FakeAgents:
         self.held: dict[str, dict[tuple[str, str], agent_pb2.Workload]] = {}
         self.down: set[str] = set()
         self.calls: list[tuple[str, str]] = []
+        self.mba: dict[str, agent_pb2.MbaApplied] = {}  # node -> the MBA value it reports holding
 
     def _check(self, method: str, node: str) -> dict[tuple[str, str], agent_pb2.Workload]:
         self.calls.append((method, node))
@@ -45,6 +46,8 @@ class FakeAgents:
     ) -> tuple[agent_pb2.Workload, bool]:
         held = self._check("apply", node)
         w = agent_pb2.Workload(ref=ref, spec=spec, id="1", cos_name="COS2", status="Successful", cpus=[1])
+        if node in self.mba:
+            w.mba_applied.CopyFrom(self.mba[node])
         changed = held.get((ref.namespace, ref.name)) != w
         held[(ref.namespace, ref.name)] = w
         return w, changed
@@ -207,6 +210,30 @@ async def test_drift_checks_share_one_list_per_node_and_reapply_what_is_missing(
     assert agents.count("apply", "a") == 3  # one, two, and two again
     assert ("ns", "two") in agents.held["a"]
     assert [e.reason for e in events].count("DriftRepaired") == 1
+
+
+async def test_a_rounded_mba_value_is_in_the_status_and_in_one_event_per_node(world: Any) -> None:
+    """#13 item 5: 15% on a node with a 10% step holds 20%; the status and a Normal Event say so."""
+    clock, agents, events = world
+    rounded = "MBA 15% rounded up to 20%: the node's MBA step (bandwidth_gran) is 10%"
+    agents.mba["a"] = agent_pb2.MbaApplied(value=20, rounded=True, detail=rounded)
+    agents.mba["b"] = agent_pb2.MbaApplied(value=15)  # a node whose step divides 15
+    obj = body(["a", "b"])
+    obj["spec"]["rdt"]["mba"] = {"percentage": 15}
+    r = reconciler(world, Sink(obj))
+    await r.reconcile(obj, cluster("a", "b"))
+    mba = {node: e["rdt"]["mba"] for node, e in obj["status"]["workloadStates"].items()}
+    assert mba["a"] == {"percentage": 15, "applied": 20, "rounded": True, "message": rounded}
+    assert mba["b"] == {"percentage": 15, "applied": 15, "rounded": False}
+    assert sorted(e.reason for e in events) == ["Applied", "Applied", "MbaRounded"]
+    assert all(e.type == "Normal" for e in events)
+    first = next(e for e in events if e.reason == "MbaRounded")
+    assert first.message == f"node a: {rounded}" and first.once
+    clock.now += 30.0
+    del agents.held["a"][("ns", "w")]
+    await r.reconcile(obj, cluster("a", "b"))  # re-applied: the same Event again, kept once by its name
+    assert [e.reason for e in events[3:]] == ["DriftRepaired", "MbaRounded"]
+    assert events[-1].once == first.once
 
 
 async def test_capacity_rejection_is_retried_at_the_drift_interval_invalid_is_not(world: Any) -> None:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rmd_api.agent.v1 import agent_pb2
 from rmd_operator import status as st
+
+ROOT = Path(__file__).resolve().parents[2]
+ROUNDED = "MBA 15% rounded up to 20%: the node's MBA step (bandwidth_gran) is 10%"
 
 
 def workload(**overrides: Any) -> agent_pb2.Workload:
@@ -54,6 +60,68 @@ def test_policy_is_reported_and_absent_parts_are_left_out() -> None:
         "coreIds": ["4"],
         "policy": "gold",
     }
+
+
+def rounded_workload() -> agent_pb2.Workload:
+    """15% asked on a node with a 10% MBA step: the agent holds (and says it holds) 20%."""
+    w = workload()
+    w.spec.mba.percentage = 15
+    w.mba_applied.CopyFrom(agent_pb2.MbaApplied(value=20, rounded=True, detail=ROUNDED))
+    return w
+
+
+def test_success_entry_says_the_mba_value_the_node_holds_and_that_it_was_rounded() -> None:
+    """#13 item 5: the requested percentage keeps its field; what the kernel holds and why sit beside it."""
+    assert st.entry(st.applied(rounded_workload()))["rdt"]["mba"] == {
+        "percentage": 15,
+        "applied": 20,
+        "rounded": True,
+        "message": ROUNDED,
+    }
+    exact = workload()
+    exact.mba_applied.CopyFrom(agent_pb2.MbaApplied(value=50))
+    assert st.entry(st.applied(exact))["rdt"]["mba"] == {"percentage": 50, "applied": 50, "rounded": False}
+    mbps = workload()
+    mbps.spec.mba.mbps = 2500  # MBps are never rounded: the kernel takes them as given
+    mbps.mba_applied.CopyFrom(agent_pb2.MbaApplied(value=2500))
+    assert st.entry(st.applied(mbps))["rdt"]["mba"] == {"mbps": 2500, "applied": 2500, "rounded": False}
+
+
+def test_an_agent_that_does_not_report_the_applied_value_leaves_the_entry_as_before() -> None:
+    assert st.entry(st.applied(workload()))["rdt"]["mba"] == {"percentage": 50}
+
+
+def _undeclared(value: Any, schema: Mapping[str, Any], path: str) -> list[str]:
+    """Paths of `value` the structural schema does not declare (the API server would prune them)."""
+    if not isinstance(value, Mapping):
+        return []
+    found = []
+    for key, item in value.items():
+        if "additionalProperties" in schema:
+            found += _undeclared(item, schema["additionalProperties"], f"{path}.{key}")
+        elif key in schema.get("properties", {}):
+            found += _undeclared(item, schema["properties"][key], f"{path}.{key}")
+        else:
+            found.append(f"{path}.{key}")
+    return found
+
+
+def test_every_field_of_an_entry_is_declared_by_the_crd() -> None:
+    crd = yaml.safe_load((ROOT / "crds" / "rmdworkloads.intel.com.yaml").read_text())
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    states = {"n1": st.entry(st.applied(rounded_workload())), "n2": st.entry(st.call_failed("INTERNAL", "x"))}
+    assert _undeclared({"workloadStates": states}, status, "status") == []
+
+
+def test_rounding_posts_one_normal_event_per_node_and_value() -> None:
+    event = st.mba_rounded_event("n1", rounded_workload())
+    assert event is not None
+    assert (event.type, event.reason, event.message) == ("Normal", "MbaRounded", f"node n1: {ROUNDED}")
+    assert event.once and event.once != st.mba_rounded_event("n2", rounded_workload()).once  # type: ignore[union-attr]
+    exact = workload()
+    exact.mba_applied.CopyFrom(agent_pb2.MbaApplied(value=50))
+    assert st.mba_rounded_event("n1", exact) is None
+    assert st.mba_rounded_event("n1", workload()) is None
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,9 @@ from rmd_agent.hostfs import HostFS
 from rmd_agent.observe.caches import L3Cache, read_l3_caches
 from rmd_agent.observe.cpus import read_online_cpus
 from rmd_agent.observe.resctrl import CacheInfo, MbaInfo, ResctrlGroup, ResctrlState, read_resctrl
+from rmd_agent.plan.allocation import workload_allocation
 from rmd_agent.plan.inventory import NodeInventory, PoolConfig, pool_sizes
+from rmd_agent.plan.mba import mba_applied
 from rmd_agent.plan.policy import PolicyBook
 from rmd_agent.plan.resctrl_layout import (
     MAX_GROUP_NAME,
@@ -852,6 +854,36 @@ def test_mba_values_per_domain() -> None:
     mbps = plan_layout(make_node(mba="mbps"), [wl("a", {5}, 2, mba_mbps=3000)])
     assert mbps.group(group_name("default", "a")).schemata["MB"] == {0: str(2**32 - 1), 1: "3000"}  # type: ignore[union-attr]
     assert "MB" not in plan_layout(make_node(mba=None), [wl("a", {1}, 2)]).groups[0].schemata
+
+
+def test_mba_rounding_reaches_the_applied_workload() -> None:
+    """#13 item 5: what the agent reports is the value the plan writes (one rounding rule), with whether it
+    was rounded and why; MBps values are taken as given, and a workload without MBA reports none."""
+    node = make_node()  # info/MB: min_bandwidth 10, bandwidth_gran 10
+    workloads = [wl("a", {1}, 2, mba_percentage=15), wl("b", {5}, 2, mba_percentage=40), wl("c", {2}, 1)]
+    layout = plan_layout(node, workloads)
+    reported = {}
+    for w in layout.accepted:
+        group = layout.group_for(w.key)
+        assert group is not None
+        _, held = workload_allocation(group, node, w)
+        reported[w.name] = (held, mba_applied(w, held, layout.mba))
+    held, a = reported["a"]
+    assert held == {0: 20} and a is not None
+    assert (a.requested, a.value, a.rounded) == (15, 20, True)
+    assert a.detail == "MBA 15% rounded up to 20%: the node's MBA step (bandwidth_gran) is 10%"
+    held, b = reported["b"]
+    assert held == {1: 40} and b is not None
+    assert (b.requested, b.value, b.rounded, b.detail) == (40, 40, False, "")
+    assert reported["c"] == ({}, None)
+
+    mbps_node = make_node(mba="mbps")
+    mbps = plan_layout(mbps_node, [wl("d", {5}, 2, mba_mbps=3005)])
+    group = mbps.group_for("default/d")
+    assert group is not None
+    _, held = workload_allocation(group, mbps_node, mbps.accepted[0])
+    d = mba_applied(mbps.accepted[0], held, mbps.mba)
+    assert held == {1: 3005} and d is not None and (d.value, d.rounded, d.detail) == (3005, False, "")
 
 
 def test_node_without_cat_gets_no_groups_and_stale_ones_go() -> None:

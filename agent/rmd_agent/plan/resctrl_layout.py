@@ -23,8 +23,9 @@ On a domain where a workload has no CPUs its group gets the OS ways (RMD used th
 never runs there, since workloads are CPU-based, and so no plan ever overlaps a guaranteed allocation.
 
 Memory bandwidth (MB lines) is set for every group we own when the node has MBA: the requested value on the
-workload's domains (percentages rounded up to bandwidth_gran, as the kernel does), the maximum elsewhere.
-The root group's MB line is left alone.
+workload's domains (percentages rounded up to bandwidth_gran, as the kernel does: `plan.mba.kernel_value`, so
+the schemata reads back as planned and the status reports what it holds), the maximum elsewhere. The root
+group's MB line is left alone.
 
 Our groups are named `rmd-<namespace>.<name>` (a namespace cannot contain ".", so the split is unambiguous),
 sanitised and cut to 64 characters with a hash suffix when needed. Which existing groups are ours is the
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING
 
 from rmd_agent.errors import ConfigError, Unsupported
 from rmd_agent.plan.inventory import NodeInventory, PoolSizes
+from rmd_agent.plan.mba import MBA_UNLIMITED_MBPS, MBA_UNLIMITED_PERCENT, kernel_value
 from rmd_agent.plan.workload import (
     Pool,
     RejectReason,
@@ -57,13 +59,11 @@ from rmd_agent.plan.workload import (
 from rmd_api.cpuset import format_cpu_list
 
 if TYPE_CHECKING:
-    from rmd_agent.observe.resctrl import CacheInfo, ResctrlGroup, ResctrlState
+    from rmd_agent.observe.resctrl import CacheInfo, MbaInfo, ResctrlGroup, ResctrlState
 
 PREFIX = "rmd-"
 SHARED_GROUP = "rmd-shared"
 MAX_GROUP_NAME = 64
-MBA_UNLIMITED_MBPS = 2**32 - 1  # resctrl's "no limit" in mba_MBps mode
-MBA_UNLIMITED_PERCENT = 100
 
 # resource -> domain id -> value as written ("7f0" for caches, "50" for MB)
 Schemata = Mapping[str, Mapping[int, str]]
@@ -122,6 +122,7 @@ class Layout:
     free_guaranteed: Mapping[int, int] = field(
         default_factory=dict
     )  # L3 domain -> guaranteed ways still free
+    mba: MbaInfo | None = None  # the node's MBA the MB lines were planned for (its step explains rounding)
 
     def group(self, name: str) -> GroupPlan | None:
         return next((g for g in self.groups if g.name == name), None)
@@ -543,11 +544,7 @@ class _Planner:
         mba = self.node.mba
         assert mba is not None
         unlimited = MBA_UNLIMITED_MBPS if mba.mbps else MBA_UNLIMITED_PERCENT
-        value = unlimited
-        if w is not None and w.mba is not None:
-            value = w.mba
-            if not mba.mbps and mba.bandwidth_gran > 0:  # the kernel rounds up to a step
-                value = min(MBA_UNLIMITED_PERCENT, -(-value // mba.bandwidth_gran) * mba.bandwidth_gran)
+        value = unlimited if w is None or w.mba is None else kernel_value(w.mba, mba)
         return {d: str(value if d in used else unlimited) for d in self.mb_domains}
 
     def _schemata(self, masks: Mapping[int, int], w: Workload | None, used: frozenset[int]) -> Schemata:
@@ -597,6 +594,7 @@ class _Planner:
             rejected=self.rejected,
             regions=self.regions,
             free_guaranteed=free,
+            mba=self.node.mba,
         )
 
 

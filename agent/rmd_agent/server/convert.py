@@ -153,6 +153,11 @@ def workload_message(applied: AppliedWorkload) -> agent_pb2.Workload:
     if applied.pstate is not None:
         message.pstate.supported = applied.pstate.supported
         message.pstate.detail = applied.pstate.detail
+    held = applied.mba_applied
+    if held is not None:
+        message.mba_applied.CopyFrom(
+            agent_pb2.MbaApplied(value=held.value, rounded=held.rounded, detail=held.detail)
+        )
     return message
 
 

@@ -77,6 +77,16 @@ class CacheAllocation(_message.Message):
     ways: int
     def __init__(self, cache_id: _Optional[int] = ..., mask: _Optional[str] = ..., ways: _Optional[int] = ...) -> None: ...
 
+class MbaApplied(_message.Message):
+    __slots__ = ("value", "rounded", "detail")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    ROUNDED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    value: int
+    rounded: bool
+    detail: str
+    def __init__(self, value: _Optional[int] = ..., rounded: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class PstateStatus(_message.Message):
     __slots__ = ("supported", "detail")
     SUPPORTED_FIELD_NUMBER: _ClassVar[int]
@@ -86,7 +96,7 @@ class PstateStatus(_message.Message):
     def __init__(self, supported: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Workload(_message.Message):
-    __slots__ = ("ref", "spec", "id", "cos_name", "status", "cpus", "pool", "cache", "mba", "pstate")
+    __slots__ = ("ref", "spec", "id", "cos_name", "status", "cpus", "pool", "cache", "mba", "pstate", "mba_applied")
     class MbaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +114,7 @@ class Workload(_message.Message):
     CACHE_FIELD_NUMBER: _ClassVar[int]
     MBA_FIELD_NUMBER: _ClassVar[int]
     PSTATE_FIELD_NUMBER: _ClassVar[int]
+    MBA_APPLIED_FIELD_NUMBER: _ClassVar[int]
     ref: WorkloadRef
     spec: WorkloadSpec
     id: str
@@ -114,7 +125,8 @@ class Workload(_message.Message):
     cache: _containers.RepeatedCompositeFieldContainer[CacheAllocation]
     mba: _containers.ScalarMap[int, int]
     pstate: PstateStatus
-    def __init__(self, ref: _Optional[_Union[WorkloadRef, _Mapping]] = ..., spec: _Optional[_Union[WorkloadSpec, _Mapping]] = ..., id: _Optional[str] = ..., cos_name: _Optional[str] = ..., status: _Optional[str] = ..., cpus: _Optional[_Iterable[int]] = ..., pool: _Optional[str] = ..., cache: _Optional[_Iterable[_Union[CacheAllocation, _Mapping]]] = ..., mba: _Optional[_Mapping[int, int]] = ..., pstate: _Optional[_Union[PstateStatus, _Mapping]] = ...) -> None: ...
+    mba_applied: MbaApplied
+    def __init__(self, ref: _Optional[_Union[WorkloadRef, _Mapping]] = ..., spec: _Optional[_Union[WorkloadSpec, _Mapping]] = ..., id: _Optional[str] = ..., cos_name: _Optional[str] = ..., status: _Optional[str] = ..., cpus: _Optional[_Iterable[int]] = ..., pool: _Optional[str] = ..., cache: _Optional[_Iterable[_Union[CacheAllocation, _Mapping]]] = ..., mba: _Optional[_Mapping[int, int]] = ..., pstate: _Optional[_Union[PstateStatus, _Mapping]] = ..., mba_applied: _Optional[_Union[MbaApplied, _Mapping]] = ...) -> None: ...
 
 class ApplyWorkloadResponse(_message.Message):
     __slots__ = ("workload", "changed")
