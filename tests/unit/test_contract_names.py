@@ -74,5 +74,6 @@ def test_ready_reasons_are_the_documented_ones() -> None:
         ("False", node_state.ENGINE_NOT_READY),
         ("False", node_state.ENGINE_UNAVAILABLE),
         ("False", node_state.AGENT_STOPPED),
+        ("False", node_state.HEARTBEAT_EXPIRED),
     ]
     assert node_state.READY == "Ready"
