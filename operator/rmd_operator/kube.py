@@ -14,20 +14,21 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from rmd_api.names import RMD_NODE_STATE, RMD_WORKLOAD
+from rmd_api.names import RMD_NODE_STATE, RMD_WORKLOAD, CustomResource
 from rmd_api.node_state import node_state_name
 from rmd_operator.errors import OperatorError
 
 log = logging.getLogger(__name__)
 
 _REQUEST_TIMEOUT_SECONDS = 30.0
+_T = TypeVar("_T")
 
 
 class KubeError(OperatorError):
@@ -58,27 +59,13 @@ class StatusWriter:
 
     async def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         """Apply a merge patch ({"status": {...}}) to the workload's status; False if the object is gone."""
-
-        def call() -> None:
-            self._objects.patch_namespaced_custom_object_status(
-                RMD_WORKLOAD.group,
-                RMD_WORKLOAD.version,
-                namespace,
-                RMD_WORKLOAD.plural,
-                name,
-                dict(patch),
-                _content_type="application/merge-patch+json",
-                _request_timeout=_REQUEST_TIMEOUT_SECONDS,
-            )
-
+        what = f"status of {namespace}/{name}"
         try:
-            await asyncio.to_thread(call)
+            await _in_thread(_patch_status, what, self._objects, RMD_WORKLOAD, namespace, name, patch)
         except ApiException as exc:
             if exc.status == 404:
                 return False
-            raise KubeError(f"status of {namespace}/{name}: {exc.status} {exc.reason}") from None
-        except (OSError, urllib3.exceptions.HTTPError) as exc:  # connection trouble, after urllib3's retries
-            raise KubeError(f"status of {namespace}/{name}: {exc}") from None
+            raise KubeError(f"{what}: {exc.status} {exc.reason}") from None
         return True
 
     def close(self) -> None:
@@ -123,37 +110,24 @@ class NodeStateApi:
 
     async def patch_node_state_status(self, node: str, patch: Mapping[str, Any]) -> bool:
         """Merge-patch the status; False if the object changed since the resourceVersion in `patch`."""
-
-        def call() -> None:
-            self._objects.patch_namespaced_custom_object_status(
-                *_node_states(self._namespace),
-                node_state_name(node),
-                dict(patch),
-                _content_type="application/merge-patch+json",
-                _request_timeout=_REQUEST_TIMEOUT_SECONDS,
-            )
-
+        what, name = f"status of RmdNodeState of {node}", node_state_name(node)
         try:
-            await asyncio.to_thread(call)
+            await _in_thread(_patch_status, what, self._objects, RMD_NODE_STATE, self._namespace, name, patch)
         except ApiException as exc:
             if exc.status == 409:
                 return False
             if exc.status == 404:
                 return True  # gone: nothing left to mark
-            raise KubeError(f"status of RmdNodeState of {node}: {exc.status} {exc.reason}") from None
-        except (OSError, urllib3.exceptions.HTTPError) as exc:
-            raise KubeError(f"status of RmdNodeState of {node}: {exc}") from None
+            raise KubeError(f"{what}: {exc.status} {exc.reason}") from None
         return True
 
     async def _read(self, call: Callable[[], dict[str, Any]], what: str) -> dict[str, Any] | None:
         try:
-            found: dict[str, Any] = await asyncio.to_thread(call)
+            found: dict[str, Any] = await _in_thread(call, what)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise KubeError(f"{what}: {exc.status} {exc.reason}") from None
-        except (OSError, urllib3.exceptions.HTTPError) as exc:
-            raise KubeError(f"{what}: {exc}") from None
         return found
 
     def close(self) -> None:
@@ -162,3 +136,31 @@ class NodeStateApi:
 
 def _node_states(namespace: str) -> tuple[str, str, str, str]:
     return RMD_NODE_STATE.group, RMD_NODE_STATE.version, namespace, RMD_NODE_STATE.plural
+
+
+def _patch_status(
+    objects: client.CustomObjectsApi,
+    resource: CustomResource,
+    namespace: str,
+    name: str,
+    patch: Mapping[str, Any],
+) -> None:
+    objects.patch_namespaced_custom_object_status(
+        resource.group,
+        resource.version,
+        namespace,
+        resource.plural,
+        name,
+        dict(patch),
+        _content_type="application/merge-patch+json",
+        _request_timeout=_REQUEST_TIMEOUT_SECONDS,
+    )
+
+
+async def _in_thread(call: Callable[..., _T], what: str, *args: Any) -> _T:
+    """A blocking client call in a worker thread. ApiException passes; connection trouble (after urllib3's
+    retries) becomes KubeError."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except (OSError, urllib3.exceptions.HTTPError) as exc:
+        raise KubeError(f"{what}: {exc}") from None
