@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -23,17 +22,19 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rmd_agent.errors import ConfigError
-from rmd_agent.kube import call
+from rmd_agent.kube import KubeObjectClient
+from rmd_agent.kube_object_writer import ObjectRef
 from rmd_agent.settings import AgentSettings
 from rmd_api.node_state import LEASE_LABEL, LEASE_LABEL_VALUE, lease_duration_seconds, lease_name
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+LEASES = ("coordination.k8s.io", "v1", "leases", "Lease")
+FIELD_MANAGER = "rmd-agent"
 
 
 def _utcnow() -> datetime:
@@ -117,12 +118,15 @@ class Heartbeat:
 
     async def run(self) -> None:
         api_client = await asyncio.to_thread(self._factory)
-        leases = client.CoordinationV1Api(api_client)
+        # Through the custom-objects calls, as plain JSON: the typed Lease calls would parse the times into
+        # datetimes and write them back without their microseconds when those are 0, which the API server
+        # refuses (MicroTime).
+        lease = KubeObjectClient(api_client, ObjectRef(*LEASES, self.name, self.namespace), FIELD_MANAGER)
         current: Obj | None = None
         try:
             while not self._stopping:
                 try:
-                    current = await self._renew(leases, current)
+                    current = await self._renew(lease, current)
                 except Exception as exc:
                     current = None  # read it again next time
                     self.failures += 1
@@ -147,45 +151,25 @@ class Heartbeat:
         finally:
             await asyncio.to_thread(api_client.close)
 
-    async def _renew(self, leases: client.CoordinationV1Api, current: Obj | None) -> Obj:
+    async def _renew(self, lease: KubeObjectClient, current: Obj | None) -> Obj:
         """One renewal; after a conflict (someone else wrote the Lease, or deleted it) it reads and tries
         once more."""
         if current is None:
-            current = await self._read(leases)
+            current = await lease.get()
         try:
-            return await self._write(leases, current)
+            return await self._write(lease, current)
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
-        return await self._write(leases, await self._read(leases))
+        return await self._write(lease, await lease.get())
 
-    async def _write(self, leases: client.CoordinationV1Api, current: Obj | None) -> Obj:
-        now = micro_time(self._clock())
+    async def _write(self, lease: KubeObjectClient, current: Obj | None) -> Obj:
         body = renewed_lease(
             current,
             node=self.node,
             namespace=self.namespace,
             identity=self.identity,
             duration=self.duration,
-            now=now,
+            now=micro_time(self._clock()),
         )
-        if current is None:
-            written = await call(leases.create_namespaced_lease, self.namespace, body, _preload_content=False)
-        else:
-            written = await call(
-                leases.replace_namespaced_lease, self.name, self.namespace, body, _preload_content=False
-            )
-        lease: Obj = json.loads(written.data)
-        return lease
-
-    async def _read(self, leases: client.CoordinationV1Api) -> Obj | None:
-        try:
-            response = await call(
-                leases.read_namespaced_lease, self.name, self.namespace, _preload_content=False
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            return None
-        lease: Obj = json.loads(response.data)
-        return lease
+        return await (lease.create(body) if current is None else lease.replace(body))

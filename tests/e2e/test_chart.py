@@ -37,6 +37,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rmd_agent.heartbeat import renewed_lease
 from rmd_agent.server.serving_cert import (
     CertificateRequestFailed,
     ServingCertificate,
@@ -252,6 +253,7 @@ def test_default_render(helm: Helm) -> None:
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # its Lease's holder
     assert pod["nodeSelector"] == {NFD_RDT_LABEL: "true"}
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
     assert pod["automountServiceAccountToken"] is True  # the pod-bound token names the node
@@ -323,6 +325,10 @@ def test_default_rbac_is_least_privilege(helm: Helm) -> None:
         ("intel.com", "rmdnodestates", "create"),
         ("intel.com", "rmdnodestates", "patch"),
         ("intel.com", "rmdnodestates/status", "patch"),
+        # its heartbeat: read back, create once, renew (no list, watch or delete)
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
     }
     assert rules_of(find(docs, "ClusterRole", "rel-rmd-rmd-agent")) == {
         ("", "nodes", "get"),
@@ -342,6 +348,7 @@ def test_default_rbac_is_least_privilege(helm: Helm) -> None:
     assert {(g, r) for g, r, v in operator_rules if v in writes} == {
         ("intel.com", "rmdworkloads"),  # finalizer, kopf's annotations; the pod flow's workloads
         ("intel.com", "rmdworkloads/status"),
+        ("intel.com", "rmdnodestates/status"),  # Ready=False when an agent's heartbeat expired
         ("", "events"),
         ("", "pods"),  # delete_failed_pods
         ("certificates.k8s.io", "certificatesigningrequests/approval"),  # the agents' certificates
@@ -472,7 +479,12 @@ def test_settings_the_programs_load_from_the_rendered_pods(
     args = ["--values", str(values_file)] if with_values else []
     docs = helm.template("rel", "ops", *args)
     agent = find(docs, "DaemonSet")
-    downward = {"spec.nodeName": "worker-node-1", "status.podIP": "10.1.2.3", "metadata.namespace": "ops"}
+    downward = {
+        "spec.nodeName": "worker-node-1",
+        "status.podIP": "10.1.2.3",
+        "metadata.namespace": "ops",
+        "metadata.name": "rel-rmd-agent-x7k2p",
+    }
     env = pod_environment(agent, downward)
     config = tmp_path / "agent.yaml"
     config.write_text(file_text(docs, agent, env["RMD_CONFIG"]))
@@ -887,6 +899,26 @@ def test_the_agent_writes_its_own_node_objects_only(
             message = _forbidden(lambda: agent.create_cluster_custom_object(*nrt_api, nrt(node2)))
             assert f"may write only NodeResourceTopology {node1}, not {node2}" in message
 
+            # Its heartbeat Lease, as its own code writes it: its own only.
+            lease_api = ("coordination.k8s.io", "v1", ns, "leases")
+            lease = {
+                "node": node1,
+                "namespace": ns,
+                "identity": "pod_1",
+                "duration": 13,
+                "now": "2026-11-25T21:00:00.000000Z",
+            }
+            mine = agent.create_namespaced_custom_object(*lease_api, renewed_lease(None, **lease))
+            agent.replace_namespaced_custom_object(
+                *lease_api, f"rmd-agent-{node1}", renewed_lease(mine, **lease)
+            )
+            message = _forbidden(
+                lambda: agent.create_namespaced_custom_object(
+                    *lease_api, renewed_lease(None, **{**lease, "node": node2})
+                )
+            )
+            assert f"may write only the Lease rmd-agent-{node1}, not rmd-agent-{node2}" in message
+
         # Without a pod-bound token (no node in the request), the agent's identity writes nothing.
         with _as(control_plane, _agent_user(installed), None) as api:
             message = _forbidden(
@@ -1118,6 +1150,10 @@ def test_rbac_gives_each_identity_what_it_needs_and_nothing_else(
         (agent, "get", "nodes", "", "", True),
         (agent, "update", "noderesourcetopologies", "", nrt_group, True),
         (agent, "list", "rmdnodestates", ns, intel, False),
+        (agent, "update", "leases", ns, "coordination.k8s.io", True),  # its heartbeat
+        (agent, "create", "leases", "default", "coordination.k8s.io", False),
+        (agent, "delete", "leases", ns, "coordination.k8s.io", False),
+        (agent, "list", "leases", ns, "coordination.k8s.io", False),
         (agent, "delete", "rmdnodestates", ns, intel, False),
         (agent, "create", "rmdnodestates", "default", intel, False),
         (agent, "delete", "rmdworkloads", ns, intel, False),
@@ -1154,7 +1190,9 @@ def test_rbac_gives_each_identity_what_it_needs_and_nothing_else(
         (operator, "create", "events", "team-a", "", True),
         (operator, "list", "nodes", "", "", True),
         (operator, "patch", "rmdnodestates", ns, intel, False),
-        (operator, "patch", "rmdnodestates/status", ns, intel, False),
+        (operator, "patch", "rmdnodestates/status", ns, intel, True),  # Ready=False on an expired heartbeat
+        (operator, "watch", "leases", ns, "coordination.k8s.io", True),
+        (operator, "update", "leases", ns, "coordination.k8s.io", False),
         (operator, "patch", "nodes", "", "", False),
         (operator, "get", "secrets", ns, "", False),
         (operator, "create", "pods", "team-a", "", False),

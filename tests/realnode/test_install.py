@@ -32,6 +32,12 @@ def test_the_charts_pods_run_ready_on_the_real_node(stack: RealStack) -> None:
     assert f"signed CertificateSigningRequest rmd-agent-{stack.node.name}" in operator_log
     assert "advertising" in agent_log and f"NodeResourceTopology {stack.node.name}" in agent_log
     assert "Traceback" not in agent_log + operator_log
+    # Its heartbeat goes through the chart's RBAC and own-node policy, held by this pod.
+    assert "heartbeat Lease" not in agent_log
+    lease = stack.get_json("lease", f"rmd-agent-{stack.node.name}", "-n", RELEASE_NAMESPACE)
+    assert lease is not None and lease["spec"]["holderIdentity"].startswith(
+        by_component["agent"]["metadata"]["name"]
+    )
 
 
 def test_the_agent_reads_the_real_kubelet(stack: RealStack) -> None:
