@@ -881,6 +881,31 @@ def test_a_workload_deleted_while_its_agent_was_down_is_removed_when_it_restarts
     system.wait_states(ns, "burst-01", {node: "Successful"})
 
 
+def test_rmd_operator_users_find_the_node_states_with_the_documented_commands(
+    system: System, ns: str
+) -> None:
+    """docs/migration.md: rmd-operator kept RmdNodeStates in `default`, so its `kubectl describe rmdnodestate
+    rmd-node-state-<node>` needs `-n <release namespace>` here; `get -A` finds them without knowing it."""
+    node = "worker-node-1"
+    system.create(ns, "seen", {**guaranteed("15"), "nodes": [node]})
+    cos = system.wait_states(ns, "seen", {node: "Successful"})[node]["cosName"]
+    listed = system.cluster.kubectl("get", "rmdnodestates", "-A").stdout
+    assert any(
+        line.split()[:2] == [SYSTEM_NAMESPACE, f"rmd-node-state-{node}"] for line in listed.splitlines()
+    )
+
+    def described() -> str | None:
+        out = system.cluster.kubectl(
+            "describe", "rmdnodestate", "-n", SYSTEM_NAMESPACE, f"rmd-node-state-{node}"
+        )
+        return out.stdout if cos in out.stdout else None
+
+    text = system.wait(described, "the RmdNodeState to list the workload")
+    assert "Cos Name:" in text and "Core IDs:" in text and "Namespace:" in text
+    seed = system.cluster.kubectl("describe", "rmdnodestate", f"rmd-node-state-{node}", check=False)
+    assert seed.returncode != 0 and "NotFound" in seed.stderr  # the seed's command, in `default`
+
+
 def test_no_plaintext_fallback(system: System, ns: str) -> None:  # case 15
     node = "worker-node-3"
     system.restart_agent(node, insecure=True)
