@@ -17,8 +17,8 @@ GROUPS = (
         "Node telemetry (operator)",
         "Exported by the operator (`rmd_operator.telemetry.metrics.TelemetryCollector`), one series per "
         "NodeConfig source: inlet temperature over Redfish, differential pressure, power predicted over the "
-        "V2 inference protocol ([telemetry.md](telemetry.md)). A value older than its TTL (4 fetch "
-        "intervals) is stale and not exported; its age still is.",
+        "V2 inference protocol ([telemetry-collectors.md](telemetry-collectors.md)). A value older than "
+        "its TTL (4 fetch intervals) is stale and not exported; its age still is.",
     ),
 )
 
