@@ -93,11 +93,13 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     server = ca.issue_server("bmc", dns_names=["localhost"], ip_addresses=["127.0.0.1"])
     (directory / "tls.crt").write_bytes(server.cert_pem + ca.cert_pem)
     (directory / "tls.key").write_bytes(server.key_pem)
+    (directory / "ca.crt").write_bytes(ca.cert_pem)
     return {
         "ca": ca.cert_pem,
         "other": other.cert_pem,
         "cert": directory / "tls.crt",
         "key": directory / "tls.key",
+        "ca_file": directory / "ca.crt",
     }
 
 
