@@ -7,42 +7,11 @@ the dashboard test checks every query against them. Names are as exposed: counte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from prometheus_client.core import Metric
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from rmd_api.metric_spec import Group, MetricSpec, MetricType
 
-MetricType = Literal["counter", "gauge", "histogram"]
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    name: str
-    type: MetricType
-    help: str
-    labels: tuple[str, ...]
-    group: str
-    unit: str = ""  # shown in the docs; Prometheus units live in the name (_joules, _watts, _bytes)
-
-    @property
-    def family_name(self) -> str:
-        """The name prometheus_client wants: counters without the `_total` it appends itself."""
-        return self.name.removesuffix("_total") if self.type == "counter" else self.name
-
-    def sample_names(self) -> tuple[str, ...]:
-        """Series names this metric produces in the exposition format."""
-        if self.type == "histogram":
-            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
-        return (self.name,)
-
-
-@dataclass(frozen=True)
-class Group:
-    key: str
-    title: str
-    intro: str
-
+__all__ = ["GROUPS", "LABELS", "METRICS", "Group", "MetricSpec", "MetricType", "family", "spec"]
 
 GROUPS = (
     Group(
@@ -292,13 +261,7 @@ def spec(name: str) -> MetricSpec:
 
 def family(name: str) -> Metric:
     """An empty family for a catalog metric, with its labels declared."""
-    entry = BY_NAME[name]
-    labels: Sequence[str] = entry.labels
-    if entry.type == "counter":
-        return CounterMetricFamily(entry.family_name, entry.help, labels=labels)
-    if entry.type == "gauge":
-        return GaugeMetricFamily(entry.family_name, entry.help, labels=labels)
-    return HistogramMetricFamily(entry.family_name, entry.help, labels=labels)
+    return BY_NAME[name].family()
 
 
 def all_series_names() -> frozenset[str]:
