@@ -8,6 +8,8 @@ for `intel.com/l3_cache_way` never gets ways. So each is spelled here only; crds
 * RmdWorkload: written by people and by the operator's pod flow, watched and status-patched by the operator.
 * RmdNodeState: written by each node's agent, watched by the operator (what it says: rmd_api.node_state).
 * NodeResourceTopology: written by each node's agent for the scheduler; read by the simulator's demo.
+* NodeConfig, NodeConfigTemplate (wao-core's API, group wao.bitmedia.co.jp): written by people; the operator
+  writes a template's NodeConfigs and both kinds' status (what they say: rmd_api.node_config).
 * `intel.com/l3_cache_ways`: the extended resource the agent's device plugin advertises to the kubelet, which
   pods ask for in their limits and the operator watches for (the pod flow) and the NodeResourceTopology lists.
 """
@@ -41,6 +43,10 @@ RMD_WORKLOAD = CustomResource("intel.com", "v1alpha1", "RmdWorkload", "rmdworklo
 RMD_NODE_STATE = CustomResource("intel.com", "v1alpha1", "RmdNodeState", "rmdnodestates")
 NODE_RESOURCE_TOPOLOGY = CustomResource(
     "topology.node.k8s.io", "v1alpha2", "NodeResourceTopology", "noderesourcetopologies"
+)
+NODE_CONFIG = CustomResource("wao.bitmedia.co.jp", "v1beta1", "NodeConfig", "nodeconfigs")
+NODE_CONFIG_TEMPLATE = CustomResource(
+    "wao.bitmedia.co.jp", "v1beta1", "NodeConfigTemplate", "nodeconfigtemplates"
 )
 
 CACHE_WAYS_RESOURCE = "intel.com/l3_cache_ways"

@@ -2,7 +2,8 @@
 with 422 and a message naming the field and the rule, the status subresource behaves, kubectl shows
 documentation and columns.
 
-The control_plane fixture (tests/e2e/conftest.py) installs every crds/*.yaml at session start.
+The control_plane fixture (tests/e2e/conftest.py) installs every crds/*.yaml at session start, wao-core's
+NodeConfig and NodeConfigTemplate included (their template controller: test_node_config_templates.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
 
@@ -619,6 +622,455 @@ def test_topology_rejects_malformed_objects(
     code, message = rejection(lambda: create(kube, TOPOLOGIES, body))
     assert code == 422, message
     assert field in message and rule in message, message
+
+
+# --- NodeConfig, NodeConfigTemplate (wao-core's API) ------------------------------------------------------
+
+WAO_SAMPLES = SAMPLES_DIR / "wao"
+NODE_CONFIGS = "/apis/wao.bitmedia.co.jp/v1beta1/namespaces/{ns}/nodeconfigs"
+TEMPLATES = "/apis/wao.bitmedia.co.jp/v1beta1/namespaces/{ns}/nodeconfigtemplates"
+NODE_CONFIG_SPEC: Obj = {
+    "nodeName": "worker-0",
+    "metricsCollector": {
+        "inletTemp": {
+            "type": "Redfish",
+            "endpoint": "https://10.0.0.100",
+            "basicAuthSecret": {"name": "worker-0-redfish-basicauth"},
+            "fetchInterval": "10s",
+        },
+        "deltaP": {"type": "DifferentialPressureAPI", "endpoint": "http://10.0.0.1:5000"},
+    },
+    "predictor": {
+        "powerConsumption": {
+            "type": "V2InferenceProtocol",
+            "endpoint": "http://10.0.0.1:8080/v2/models/myModel/versions/v0.1.0/infer",
+        }
+    },
+}
+TEMPLATE_SPEC: Obj = {
+    "nodeSelector": {"matchLabels": {"node.kubernetes.io/instance-type": "redfish-enabled"}},
+    "template": {
+        "nodeName": "",  # wao-core's README writes it; ignored
+        "metricsCollector": {
+            "inletTemp": {
+                "type": "Redfish",
+                "endpoint": "https://10.0.100.{{.IPv4.Octet4}}",
+                "basicAuthSecret": {"name": "redfish-basicauth-{{.Hostname}}"},
+                "fetchInterval": "10s",
+            },
+            "deltaP": {"type": "DifferentialPressureAPI", "endpoint": "http://10.0.0.1:5000"},
+        },
+        "predictor": {
+            "powerConsumptionEndpointProvider": {
+                "type": "Redfish",
+                "endpoint": "https://10.0.100.{{.IPv4.Octet4}}",
+                "basicAuthSecret": {"name": "redfish-basicauth-{{.Hostname}}"},
+            }
+        },
+    },
+}
+
+
+def wao_object(kind: str, spec: Obj, name: str = "wao") -> Obj:
+    return {
+        "apiVersion": "wao.bitmedia.co.jp/v1beta1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def with_change(base: Obj, path: str, value: Any) -> Obj:
+    """A copy of `base` with the dotted `path` set to `value` (None: removed)."""
+    changed = copy.deepcopy(base)
+    *parents, last = path.split(".")
+    node = changed
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is None:
+        node.pop(last, None)
+    else:
+        node[last] = value
+    return changed
+
+
+@pytest.fixture(scope="module")
+def wao_namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """wao-system, where the seed's manifests live (they name it): created unless there, emptied after."""
+    with control_plane.api_client() as api:
+        core = client.CoreV1Api(api)
+        try:
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="wao-system")))
+            created = True
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            created = False
+    yield "wao-system"
+    for path in sorted(WAO_SAMPLES.glob("*.yaml")):
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(path), check=False)
+    if created:
+        control_plane.kubectl("delete", "namespace", "wao-system", "--wait=false", check=False)
+
+
+def wao_sample_params() -> list[Any]:
+    if not WAO_SAMPLES.is_dir():
+        return [pytest.param(None, id="wao", marks=pytest.mark.skip(reason=f"{WAO_SAMPLES} does not exist"))]
+    return [pytest.param(p, id=f"wao/{p.name}") for p in sorted(WAO_SAMPLES.glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("path", wao_sample_params())
+def test_wao_manifest_applies_unchanged(kube: DynamicClient, wao_namespace: str, path: Path) -> None:
+    """The seed's NodeConfigs and NodeConfigTemplate, in the namespace they name, with strict fields: nothing
+    pruned or defaulted (an absent fetchInterval means 15s without being written)."""
+    (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert doc["metadata"]["namespace"] == wao_namespace
+    stored = apply_manifest(kube, copy.deepcopy(doc), wao_namespace)
+    assert stored["spec"] == doc["spec"]
+    again = apply_manifest(kube, copy.deepcopy(doc), wao_namespace)
+    assert again["metadata"]["generation"] == stored["metadata"]["generation"] == 1
+
+
+VALID_WAO: list[tuple[str, str, Obj]] = [
+    ("node-config", "NodeConfig", NODE_CONFIG_SPEC),
+    (
+        "fake-sources-need-no-endpoint",
+        "NodeConfig",
+        {"nodeName": "n1", "metricsCollector": {"inletTemp": {"type": "Fake"}, "deltaP": {"type": "Fake"}}},
+    ),
+    (
+        "interval-1m30s",
+        "NodeConfig",
+        with_change(NODE_CONFIG_SPEC, "metricsCollector.deltaP.fetchInterval", "1m30s"),
+    ),
+    (
+        "ca-bundle-and-explicit-verification",
+        "NodeConfig",
+        with_change(
+            NODE_CONFIG_SPEC,
+            "metricsCollector.inletTemp",
+            {
+                **NODE_CONFIG_SPEC["metricsCollector"]["inletTemp"],
+                "caBundleSecret": {"name": "bmc-ca", "key": "ca.crt"},
+                "insecureSkipVerify": False,
+            },
+        ),
+    ),
+    ("template", "NodeConfigTemplate", TEMPLATE_SPEC),
+    (
+        "template-flat-layout",
+        "NodeConfigTemplate",
+        {"nodeSelector": {}, **{k: v for k, v in TEMPLATE_SPEC["template"].items() if k != "nodeName"}},
+    ),
+    (
+        "template-trim-markers-and-templated-type",
+        "NodeConfigTemplate",
+        with_change(
+            TEMPLATE_SPEC,
+            "template.metricsCollector.deltaP",
+            {"type": "{{.Hostname}}", "endpoint": "http://{{- .IPv4.Address -}}:5000"},
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "spec"), [pytest.param(k, s, id=i) for i, k, s in VALID_WAO])
+def test_meaningful_wao_object_is_accepted(kube: DynamicClient, namespace: str, kind: str, spec: Obj) -> None:
+    path = (NODE_CONFIGS if kind == "NodeConfig" else TEMPLATES).format(ns=namespace)
+    assert create(kube, path, wao_object(kind, spec))["spec"] == spec
+
+
+NC, NCT = "NodeConfig", "NodeConfigTemplate"
+INLET, T_INLET = "metricsCollector.inletTemp", "template.metricsCollector.inletTemp"
+# (id, kind, spec, fragment naming the field, fragment naming the rule)
+INVALID_WAO: list[tuple[str, str, Obj, str, str]] = [
+    (
+        "redfish-without-endpoint",
+        NC,
+        with_change(NODE_CONFIG_SPEC, f"{INLET}.endpoint", None),
+        "spec.metricsCollector.inletTemp.endpoint",
+        "Required value: endpoint is required for type Redfish",
+    ),
+    (
+        "dpapi-with-empty-endpoint",
+        NC,
+        with_change(NODE_CONFIG_SPEC, "metricsCollector.deltaP.endpoint", ""),
+        "spec.metricsCollector.deltaP.endpoint",
+        "endpoint is required for type DifferentialPressureAPI",
+    ),
+    (
+        "endpoint-not-a-url",
+        NC,
+        with_change(NODE_CONFIG_SPEC, f"{INLET}.endpoint", "10.0.0.100"),
+        "spec.metricsCollector.inletTemp.endpoint",
+        "must be an http:// or https:// URL with a host",
+    ),
+    (
+        "endpoint-ftp",
+        NC,
+        with_change(NODE_CONFIG_SPEC, "predictor.powerConsumption.endpoint", "ftp://10.0.0.1/model"),
+        "spec.predictor.powerConsumption.endpoint",
+        "must be an http:// or https:// URL with a host",
+    ),
+    (
+        "endpoint-without-host",
+        NC,
+        with_change(NODE_CONFIG_SPEC, "metricsCollector.deltaP.endpoint", "http://"),
+        "spec.metricsCollector.deltaP.endpoint",
+        "must be an http:// or https:// URL with a host",
+    ),
+    (
+        "negative-interval",
+        NC,
+        with_change(NODE_CONFIG_SPEC, f"{INLET}.fetchInterval", "-10s"),
+        "spec.metricsCollector.inletTemp.fetchInterval",
+        "must not be negative",
+    ),
+    (
+        "interval-without-unit",
+        NC,
+        with_change(NODE_CONFIG_SPEC, f"{INLET}.fetchInterval", "10"),
+        "spec.metricsCollector.inletTemp.fetchInterval",
+        "must be a duration such as 15s, 1m or 1m30s",
+    ),
+    (
+        "interval-below-a-second",
+        NC,
+        with_change(NODE_CONFIG_SPEC, "metricsCollector.deltaP.fetchInterval", "500ms"),
+        "spec.metricsCollector.deltaP.fetchInterval",
+        "must be at least 1s",
+    ),
+    (
+        "inlet-temp-from-a-pressure-api",
+        NC,
+        with_change(NODE_CONFIG_SPEC, f"{INLET}.type", "DifferentialPressureAPI"),
+        "spec.metricsCollector.inletTemp.type",
+        'supported values: "Redfish", "Fake"',
+    ),
+    (
+        "predictor-of-type-redfish",
+        NC,
+        with_change(NODE_CONFIG_SPEC, "predictor.powerConsumption.type", "Redfish"),
+        "spec.predictor.powerConsumption.type",
+        'supported values: "V2InferenceProtocol", "Fake", ""',
+    ),
+    (
+        "empty-predictor-without-provider",
+        NC,
+        with_change(NODE_CONFIG_SPEC, "predictor.powerConsumption", {"type": "", "endpoint": ""}),
+        "spec.predictor.powerConsumption.type",
+        "may be empty only when powerConsumptionEndpointProvider is set",
+    ),
+    (
+        "secret-without-name",
+        NC,
+        with_change(NODE_CONFIG_SPEC, f"{INLET}.basicAuthSecret", {}),
+        "spec.metricsCollector.inletTemp.basicAuthSecret.name",
+        "Required value",
+    ),
+    (
+        "secret-name-invalid",
+        NC,
+        with_change(NODE_CONFIG_SPEC, f"{INLET}.basicAuthSecret.name", "BMC_Secret"),
+        "spec.metricsCollector.inletTemp.basicAuthSecret.name",
+        "should match",
+    ),
+    (
+        "no-node-name",
+        NC,
+        with_change(NODE_CONFIG_SPEC, "nodeName", None),
+        "spec.nodeName",
+        "Required value",
+    ),
+    (
+        "no-inlet-temperature-source",
+        NC,
+        with_change(NODE_CONFIG_SPEC, INLET, None),
+        "spec.metricsCollector.inletTemp",
+        "Required value",
+    ),
+    (
+        "template-unknown-field",
+        NCT,
+        with_change(TEMPLATE_SPEC, f"{T_INLET}.endpoint", "https://{{.HostName}}"),
+        "spec.template.metricsCollector.inletTemp.endpoint",
+        "template syntax: only {{.Hostname}}, {{.IPv4.Address}} and {{.IPv4.Octet1}} .. {{.IPv4.Octet4}}",
+    ),
+    (
+        "template-sprig-pipeline",
+        NCT,
+        with_change(TEMPLATE_SPEC, f"{T_INLET}.basicAuthSecret.name", "bmc-{{ .Hostname | lower }}"),
+        "spec.template.metricsCollector.inletTemp.basicAuthSecret.name",
+        "template syntax",
+    ),
+    (
+        "template-type-a-field-does-not-take",
+        NCT,
+        with_change(TEMPLATE_SPEC, "template.metricsCollector.deltaP.type", "Redfish"),
+        "spec.template.metricsCollector.deltaP.type",
+        "must be DifferentialPressureAPI or Fake, or a template rendering to one",
+    ),
+    (
+        "template-redfish-without-endpoint",
+        NCT,
+        with_change(TEMPLATE_SPEC, f"{T_INLET}.endpoint", None),
+        "spec.template.metricsCollector.inletTemp.endpoint",
+        "endpoint is required for type Redfish",
+    ),
+    (
+        "template-literal-endpoint-not-a-url",
+        NCT,
+        with_change(TEMPLATE_SPEC, f"{T_INLET}.endpoint", "bmc.example.com"),
+        "spec.template.metricsCollector.inletTemp.endpoint",
+        "must be an http:// or https:// URL",
+    ),
+    (
+        "template-negative-interval",
+        NCT,
+        with_change(TEMPLATE_SPEC, f"{T_INLET}.fetchInterval", "-1m"),
+        "spec.template.metricsCollector.inletTemp.fetchInterval",
+        "must not be negative",
+    ),
+    (
+        "template-both-layouts",
+        NCT,
+        {**TEMPLATE_SPEC, "metricsCollector": TEMPLATE_SPEC["template"]["metricsCollector"]},
+        "spec.template",
+        "mutually exclusive",
+    ),
+    (
+        "template-without-config",
+        NCT,
+        {"nodeSelector": {}},
+        "spec.template",
+        "spec.template (or spec.metricsCollector in the flat layout) is required",
+    ),
+    (
+        "selector-in-without-values",
+        NCT,
+        with_change(TEMPLATE_SPEC, "nodeSelector", {"matchExpressions": [{"key": "zone", "operator": "In"}]}),
+        "spec.nodeSelector.matchExpressions[0].values",
+        "values must be non-empty for In and NotIn",
+    ),
+    (
+        "selector-unknown-operator",
+        NCT,
+        with_change(
+            TEMPLATE_SPEC,
+            "nodeSelector",
+            {"matchExpressions": [{"key": "zone", "operator": "Gt", "values": ["1"]}]},
+        ),
+        "spec.nodeSelector.matchExpressions[0].operator",
+        'supported values: "In", "NotIn", "Exists", "DoesNotExist"',
+    ),
+    (
+        "insecure-skip-verify-not-a-boolean",
+        NC,
+        with_change(NODE_CONFIG_SPEC, f"{INLET}.insecureSkipVerify", "yes"),
+        "spec.metricsCollector.inletTemp.insecureSkipVerify",
+        "must be of type boolean",
+    ),
+    ("unknown-field", NC, {**NODE_CONFIG_SPEC, "node": "worker-0"}, "spec.node", "unknown field"),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "rule"),
+    [pytest.param(wao_object(k, s), f, r, id=i) for i, k, s, f, r in INVALID_WAO],
+)
+def test_meaningless_wao_object_is_rejected(
+    kube: DynamicClient, namespace: str, body: Obj, field: str, rule: str
+) -> None:
+    path = (NODE_CONFIGS if body["kind"] == "NodeConfig" else TEMPLATES).format(ns=namespace)
+    status, message = rejection(lambda: create(kube, path, body))
+    assert status == (400 if rule == "unknown field" else 422), message
+    assert field in message and rule in message, message
+
+
+def source_condition(kind: str, status: str, reason: str, message: str = "") -> Obj:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-01-02T03:04:05Z",
+    }
+
+
+# As the collectors write it (rmd_operator.telemetry.manager.SourceSnapshot.status, one entry per source).
+NODE_CONFIG_STATUS: Obj = {
+    "observedGeneration": 1,
+    "sources": {
+        "inletTemp": {
+            "value": "24.5",
+            "time": "2026-01-02T03:04:05Z",
+            "conditions": [
+                source_condition(
+                    "Available", "True", "Fetched", "24.5 (DMTF Thermal of /redfish/v1/Chassis/1)"
+                ),
+                source_condition("Stale", "False", "Fetched"),
+                source_condition("Error", "False", "Fetched"),
+            ],
+        },
+        "deltaP": {"value": "7.5", "time": "2026-01-02T03:04:05Z", "conditions": []},
+        "powerConsumption": {
+            "value": "94.76",
+            "time": "2026-01-02T03:04:05Z",
+            "conditions": [
+                source_condition("Available", "False", "Expired", "last value 94.76 is 75s old (TTL 60s)"),
+                source_condition("Stale", "True", "Expired", "last value 94.76 is 75s old (TTL 60s)"),
+                source_condition("Error", "True", "Unreachable", "connection refused"),
+            ],
+        },
+    },
+}
+
+
+def test_node_config_status_shows_each_sources_value(
+    control_plane: ControlPlane, kube: DynamicClient, namespace: str
+) -> None:
+    path = NODE_CONFIGS.format(ns=namespace)
+    create(kube, path, wao_object("NodeConfig", NODE_CONFIG_SPEC, name="worker-0"))
+    stored = merge_patch(kube, f"{path}/worker-0/status", {"status": NODE_CONFIG_STATUS})
+    assert stored["status"] == NODE_CONFIG_STATUS and stored["metadata"]["generation"] == 1
+    out = kubectl_until(control_plane, ["get", "nodeconfigs", "-n", namespace], lambda s: "24.5" in s)
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "NODE", "INLETTEMP", "DELTAP", "POWER", "AGE"]
+    assert row.split()[:5] == ["worker-0", "worker-0", "24.5", "7.5", "94.76"]
+    bad = {"status": {"sources": {"deltaP": {"conditions": [{"type": "Available", "status": "Maybe"}]}}}}
+    code, message = rejection(lambda: merge_patch(kube, f"{path}/worker-0/status", bad))
+    assert code == 422 and "status.sources.deltaP.conditions[0]" in message, message
+
+
+def test_template_status_and_columns(
+    control_plane: ControlPlane, kube: DynamicClient, namespace: str
+) -> None:
+    path = TEMPLATES.format(ns=namespace)
+    create(kube, path, wao_object("NodeConfigTemplate", TEMPLATE_SPEC, name="redfish"))
+    status = {
+        "observedGeneration": 1,
+        "matchingNodes": 2,
+        "nodeConfigs": 1,
+        "problems": [{"node": "w2", "reason": "TemplateError", "message": "no IPv4 InternalIP address"}],
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "TemplateError",
+                "message": "1 of 2 matching node(s) without their NodeConfig",
+                "lastTransitionTime": "2026-01-02T03:04:05Z",
+            }
+        ],
+    }
+    assert merge_patch(kube, f"{path}/redfish/status", {"status": status})["status"] == status
+    out = kubectl_until(
+        control_plane, ["get", "nodeconfigtemplates", "-n", namespace], lambda s: "redfish" in s
+    )
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "NODES", "CONFIGS", "READY", "AGE"]
+    assert row.split()[:4] == ["redfish", "2", "1", "False"]
+    explained = " ".join(control_plane.kubectl("explain", "nodeconfigtemplate.spec.template").stdout.split())
+    assert "{{.Hostname}}" in explained
 
 
 # --- status subresource, kubectl -------------------------------------------------------------------

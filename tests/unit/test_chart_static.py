@@ -167,32 +167,58 @@ def test_default_settings_values_are_valid_settings(settings_cls: type, values_k
 
 
 def test_chart_crds_are_byte_identical_copies() -> None:
+    """crds/ in the chart's crds/ (installed by helm, always), wao-core's API in wao-crds/ (templated, left
+    out with nodeTelemetry.installCRDs: false)."""
     sources = sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
-    copies = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
-    assert sources and copies == sources
-    for name in sources:
+    always = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    optional = sorted(p.name for p in (CHART / "wao-crds").glob("*.yaml"))
+    assert optional == ["nodeconfigs.wao.bitmedia.co.jp.yaml", "nodeconfigtemplates.wao.bitmedia.co.jp.yaml"]
+    assert sorted(always + optional) == sources and not set(always) & set(optional)
+    for name in always:
         assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), name
+    for name in optional:
+        assert (CHART / "wao-crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), name
     assert load_sync_tool().differences() == []
+
+
+def test_wao_crds_are_templated_behind_their_value() -> None:
+    template = (CHART / "templates" / "wao-crds.yaml").read_text()
+    assert "{{- if .Values.nodeTelemetry.installCRDs }}" in template
+    assert '.Files.Glob "wao-crds/*.yaml"' in template and "fromYaml" in template
+    assert '"helm.sh/resource-policy" "keep"' in template
+    assert load_values()["nodeTelemetry"] == {"installCRDs": True}
+    ignore = (CHART / ".helmignore").read_text().split()
+    assert not any(p.startswith("wao-crds") for p in ignore)
+    assert any(
+        "Additional properties" in e for e in validation_errors({**load_values(), "nodeTelemetry": {"x": 1}})
+    )
 
 
 def test_sync_tool_reports_and_repairs_drift(tmp_path: Path) -> None:
     tool = load_sync_tool()
-    source, copies = tmp_path / "crds", tmp_path / "chart-crds"
+    source, chart = tmp_path / "crds", tmp_path / "chart"
     shutil.copytree(REPO / "crds", source)
-    shutil.copytree(REPO / "crds", copies)
-    assert tool.differences(source, copies) == []
-    first = sorted(source.glob("*.yaml"))[0].name
-    (copies / first).write_bytes((copies / first).read_bytes() + b"# edited\n")
-    (copies / "stale.yaml").write_text("kind: Old\n")
-    (source / "new.yaml").write_text("kind: New\n")
-    assert tool.differences(source, copies) == [
-        f"missing: {copies / 'new.yaml'}",
-        f"differs: {copies / first}",
-        f"not in {source}: {copies / 'stale.yaml'}",
+    tool.sync(source, chart)
+    assert tool.differences(source, chart) == []
+    assert sorted(p.name for p in (chart / "wao-crds").iterdir()) == [
+        "nodeconfigs.wao.bitmedia.co.jp.yaml",
+        "nodeconfigtemplates.wao.bitmedia.co.jp.yaml",
     ]
-    tool.sync(source, copies)
-    assert tool.differences(source, copies) == []
-    assert not (copies / "stale.yaml").exists()
+    first = sorted((chart / "crds").glob("*.yaml"))[0].name
+    (chart / "crds" / first).write_bytes((chart / "crds" / first).read_bytes() + b"# edited\n")
+    (chart / "crds" / "stale.yaml").write_text("kind: Old\n")
+    (chart / "crds" / "nodeconfigs.wao.bitmedia.co.jp.yaml").write_text("kind: Misplaced\n")
+    (source / "new.example.com.yaml").write_text("kind: New\n")
+    assert tool.differences(source, chart) == [
+        f"missing: {chart / 'crds' / 'new.example.com.yaml'}",
+        f"differs: {chart / 'crds' / first}",
+        f"not in {source}: {chart / 'crds' / 'nodeconfigs.wao.bitmedia.co.jp.yaml'}",
+        f"not in {source}: {chart / 'crds' / 'stale.yaml'}",
+    ]
+    tool.sync(source, chart)
+    assert tool.differences(source, chart) == []
+    assert not (chart / "crds" / "stale.yaml").exists()
+    assert not (chart / "crds" / "nodeconfigs.wao.bitmedia.co.jp.yaml").exists()
 
 
 def test_chart_app_version_is_the_distribution_version() -> None:

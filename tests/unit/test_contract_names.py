@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rmd_api import node_state
+from rmd_api import node_config, node_state
 from rmd_api.names import (
     CACHE_WAYS_RESOURCE,
+    NODE_CONFIG,
+    NODE_CONFIG_TEMPLATE,
     NODE_RESOURCE_TOPOLOGY,
     RMD_NODE_STATE,
     RMD_WORKLOAD,
@@ -19,7 +21,7 @@ from rmd_api.names import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-RESOURCES = [RMD_WORKLOAD, RMD_NODE_STATE, NODE_RESOURCE_TOPOLOGY]
+RESOURCES = [RMD_WORKLOAD, RMD_NODE_STATE, NODE_RESOURCE_TOPOLOGY, NODE_CONFIG, NODE_CONFIG_TEMPLATE]
 
 
 @pytest.mark.parametrize("resource", RESOURCES, ids=lambda r: r.kind)
@@ -36,6 +38,11 @@ def test_the_names_themselves() -> None:
     assert RMD_WORKLOAD.api_version == RMD_NODE_STATE.api_version == "intel.com/v1alpha1"
     assert NODE_RESOURCE_TOPOLOGY.api_version == "topology.node.k8s.io/v1alpha2"
     assert CACHE_WAYS_RESOURCE == "intel.com/l3_cache_ways"
+    # wao-core's API as its users' manifests spell it (its later releases say node.waok8s.github.io).
+    assert NODE_CONFIG.api_version == NODE_CONFIG_TEMPLATE.api_version == "wao.bitmedia.co.jp/v1beta1"
+    assert (
+        node_config.node_config_name("redfish-enabled-nodes", "worker-0") == "redfish-enabled-nodes-worker-0"
+    )
     assert node_state.node_state_name("worker-1") == "rmd-node-state-worker-1"
 
 
@@ -77,3 +84,17 @@ def test_ready_reasons_are_the_documented_ones() -> None:
         ("False", node_state.HEARTBEAT_EXPIRED),
     ]
     assert node_state.READY == "Ready"
+
+
+def test_template_ready_reasons_are_the_documented_ones() -> None:
+    """docs/telemetry.md lists the reasons a template's Ready condition and problems carry."""
+    doc = (ROOT / "docs" / "telemetry.md").read_text()
+    table = re.findall(r"^\| `(\w+)` \| (?:Ready|problem)", doc, re.M)
+    assert table == [
+        node_config.SYNCED,
+        node_config.INVALID_SELECTOR,
+        node_config.TEMPLATE_ERROR,
+        node_config.INVALID,
+        node_config.CONFLICT,
+        node_config.WRITE_FAILED,
+    ]

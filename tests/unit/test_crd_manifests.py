@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from rmd_api import node_config
+
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"
 EXAMPLES_DIR = ROOT / "examples"
@@ -32,7 +34,15 @@ EXPECTED_CRDS = {
         "NodeResourceTopology",
         "Cluster",
     ),
+    "nodeconfigs.wao.bitmedia.co.jp": ("wao.bitmedia.co.jp", "v1beta1", "NodeConfig", "Namespaced"),
+    "nodeconfigtemplates.wao.bitmedia.co.jp": (
+        "wao.bitmedia.co.jp",
+        "v1beta1",
+        "NodeConfigTemplate",
+        "Namespaced",
+    ),
 }
+WAO_CRDS = ["nodeconfigs.wao.bitmedia.co.jp", "nodeconfigtemplates.wao.bitmedia.co.jp"]
 
 
 def load_crd(name: str) -> dict[str, Any]:
@@ -157,7 +167,7 @@ def test_printer_columns_point_at_schema_fields(name: str) -> None:
             node = node["properties"][part.removesuffix("[]")]
             if part.endswith("[]"):
                 node = node["items"]
-        assert node.get("type") in {"string", "array", "object", "integer", "boolean"}, col
+        assert node.get("type") in {"string", "array", "object", "integer", "number", "boolean"}, col
 
 
 def test_printer_columns_summarise_workloads_and_node_states() -> None:
@@ -177,7 +187,7 @@ def test_printer_columns_summarise_workloads_and_node_states() -> None:
     assert node_state["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
 
 
-@pytest.mark.parametrize("name", ["rmdworkloads.intel.com", "rmdnodestates.intel.com"])
+@pytest.mark.parametrize("name", ["rmdworkloads.intel.com", "rmdnodestates.intel.com", *WAO_CRDS])
 def test_status_subresource(name: str) -> None:
     (version,) = load_crd(name)["spec"]["versions"]
     assert version["subresources"] == {"status": {}}
@@ -291,7 +301,7 @@ def test_topology_quantities() -> None:
 def manifest_files() -> list[Path]:
     files = sorted(EXAMPLES_DIR.glob("*.yaml"))
     if SAMPLES_DIR.is_dir():
-        files += sorted(SAMPLES_DIR.glob("*.yaml"))
+        files += sorted(SAMPLES_DIR.glob("*.yaml")) + sorted((SAMPLES_DIR / "wao").glob("*.yaml"))
     return files
 
 
@@ -345,3 +355,153 @@ def test_examples_cover_both_layouts_and_the_cache_ways_pod() -> None:
     assert any("intel.com/l3_cache_ways" in lim for lim in limits)
     # Every example is a single object with a name or generateName, so tests and users can apply it as is.
     assert all(d["metadata"].get("name") or d["metadata"].get("generateName") for d in docs)
+
+
+# --- NodeConfig, NodeConfigTemplate (wao-core's API) -------------------------------------------------------
+
+
+def endpoint_terms(spec: Schema) -> dict[tuple[str, str], Schema]:
+    """(section, field) -> the endpoint term's schema, for a NodeConfig spec or a template's config."""
+    return {
+        (section, name): term
+        for section in ("metricsCollector", "predictor")
+        for name, term in spec["properties"][section]["properties"].items()
+    }
+
+
+def node_config_spec() -> Schema:
+    spec: Schema = served_schema(load_crd("nodeconfigs.wao.bitmedia.co.jp"))["properties"]["spec"]
+    return spec
+
+
+def template_spec() -> Schema:
+    spec: Schema = served_schema(load_crd("nodeconfigtemplates.wao.bitmedia.co.jp"))["properties"]["spec"]
+    return spec
+
+
+def test_node_config_has_wao_cores_fields_and_each_field_its_types() -> None:
+    spec = node_config_spec()
+    assert spec["required"] == ["nodeName", "metricsCollector"]
+    terms = endpoint_terms(spec)
+    assert set(terms) == set(node_config.TERMS)  # responseTime* too: wao-core has them
+    for key, types in node_config.TERMS.items():
+        term = terms[key]
+        assert set(term["properties"]) == {
+            "type", "endpoint", "basicAuthSecret", "fetchInterval",  # wao-core's
+            "caBundleSecret", "insecureSkipVerify",  # ours: TLS verified by default (telemetry-collectors.md)
+        }, key  # fmt: skip
+        assert term["properties"]["insecureSkipVerify"]["type"] == "boolean"
+        assert term["properties"]["caBundleSecret"]["required"] == ["name"]
+        assert term["required"] == ["type"], key  # the endpoint only where the type needs one (CEL)
+        assert tuple(term["properties"]["type"]["enum"]) == types, key
+        assert term["properties"]["basicAuthSecret"]["required"] == ["name"]
+        (rule,) = term["x-kubernetes-validations"]
+        assert rule["fieldPath"] == ".endpoint" and rule["reason"] == "FieldValueRequired"
+        assert "self.type in ['', 'Fake']" in rule["rule"]
+    # Every term is the same but for its types and description.
+    shapes = {
+        yaml.safe_dump({k: v for k, v in t.items() if k != "description"} | {"properties": {
+            k: v for k, v in t["properties"].items() if k != "type"}}) for t in terms.values()
+    }  # fmt: skip
+    assert len(shapes) == 1
+
+
+def test_template_config_is_the_node_configs_with_templated_strings() -> None:
+    """spec.template and the flat layout take the same terms as a NodeConfig; type, endpoint and
+    basicAuthSecret.name may be templates (the CRD's regex is the renderer's, test_node_config_render.py)."""
+    spec = template_spec()
+    template = spec["properties"]["template"]
+    flat = {k: spec["properties"][k] for k in ("metricsCollector", "predictor")}
+    assert spec["required"] == ["nodeSelector"] and template["required"] == ["metricsCollector"]
+    for section, schema in flat.items():
+        strip = lambda s: {k: v for k, v in s.items() if k != "description"}  # noqa: E731
+        assert strip(schema) == strip(template["properties"][section]), section
+    config_terms, template_terms = endpoint_terms(node_config_spec()), endpoint_terms(template)
+    for key, types in node_config.TERMS.items():
+        props = template_terms[key]["properties"]
+        type_rules = " ".join(r["rule"] for r in props["type"]["x-kubernetes-validations"])
+        assert "enum" not in props["type"] and all(f"'{t}'" in type_rules for t in types), key
+        assert "self.contains('{{')" in type_rules
+        assert props["fetchInterval"] == config_terms[key]["properties"]["fetchInterval"]  # never templated
+    rules = [r["message"] for r in spec["x-kubernetes-validations"]]
+    assert any("mutually exclusive" in m for m in rules) and any("is required" in m for m in rules)
+
+
+def fetch_interval_rules() -> list[dict[str, str]]:
+    term = endpoint_terms(node_config_spec())[("metricsCollector", "inletTemp")]
+    rules: list[dict[str, str]] = term["properties"]["fetchInterval"]["x-kubernetes-validations"]
+    return rules
+
+
+def test_fetch_interval_is_a_positive_duration_of_at_least_a_second() -> None:
+    rules = fetch_interval_rules()
+    assert [r["message"] for r in rules] == [
+        "must not be negative",
+        "must be a duration such as 15s, 1m or 1m30s",
+        "must be at least 1s",
+    ]
+    regex = re.compile(re.search(r"self\.matches\('([^']*)'\)", rules[1]["rule"]).group(1))  # type: ignore[union-attr]
+    assert all(regex.search(d) for d in ["15s", "10s", "1m30s", "1.5s", "2h", "500ms"])
+    assert not any(regex.search(d) for d in ["", "15", "-5s", "1x", "s", "1 s", "1.s"])
+    description = endpoint_terms(node_config_spec())[("metricsCollector", "deltaP")]["properties"]
+    assert "Absent: 15s" in description["fetchInterval"]["description"]
+    assert node_config.DEFAULT_FETCH_INTERVAL_SECONDS == 15.0
+
+
+def test_endpoints_must_be_http_urls_unless_templated() -> None:
+    config = endpoint_terms(node_config_spec())[("predictor", "powerConsumption")]["properties"]["endpoint"]
+    (rule,) = config["x-kubernetes-validations"]
+    assert "url(self).getScheme() in ['http', 'https']" in rule["rule"] and "self == ''" in rule["rule"]
+    templated = endpoint_terms(template_spec()["properties"]["template"])[("predictor", "powerConsumption")]
+    first = templated["properties"]["endpoint"]["x-kubernetes-validations"][0]["rule"]
+    assert "self.contains('{{') ||" in first and "isURL(self)" in first
+
+
+def test_statuses_report_values_and_conditions() -> None:
+    status = served_schema(load_crd("nodeconfigs.wao.bitmedia.co.jp"))["properties"]["status"]["properties"]
+    assert set(status) == {"observedGeneration", "sources"}
+    assert tuple(status["sources"]["properties"]) == node_config.SOURCES
+    source = status["sources"]["properties"]["inletTemp"]["properties"]
+    assert set(source) == {"value", "time", "conditions"}  # what the collectors write (SourceSnapshot.status)
+    assert source["value"]["type"] == "string" and source["time"]["format"] == "date-time"
+    assert source["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+    assert all(t in source["conditions"]["description"] for t in node_config.SOURCE_CONDITION_TYPES)
+    template = served_schema(load_crd("nodeconfigtemplates.wao.bitmedia.co.jp"))["properties"]["status"]
+    problem = template["properties"]["problems"]["items"]
+    assert problem["required"] == ["node", "reason", "message"]
+    reasons = (
+        node_config.TEMPLATE_ERROR,
+        node_config.CONFLICT,
+        node_config.INVALID,
+        node_config.WRITE_FAILED,
+    )
+    assert all(r in problem["properties"]["reason"]["description"] for r in reasons)
+
+
+def test_printer_columns_show_each_nodes_values_and_each_templates_state() -> None:
+    def columns(name: str) -> dict[str, str]:
+        (version,) = load_crd(name)["spec"]["versions"]
+        return {
+            c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if not c.get("priority")
+        }
+
+    assert columns("nodeconfigs.wao.bitmedia.co.jp") == {
+        "Node": ".spec.nodeName",
+        "InletTemp": ".status.sources.inletTemp.value",
+        "DeltaP": ".status.sources.deltaP.value",
+        "Power": ".status.sources.powerConsumption.value",
+        "Age": ".metadata.creationTimestamp",
+    }
+    assert columns("nodeconfigtemplates.wao.bitmedia.co.jp")["Ready"] == (
+        '.status.conditions[?(@.type=="Ready")].status'
+    )
+
+
+def test_the_seeds_template_uses_the_flat_layout() -> None:
+    """The seed's NodeConfigTemplate has metricsCollector/predictor directly under spec (wao-core's CRD would
+    prune them and refuse the object for lack of spec.template); both layouts are accepted here."""
+    path = SAMPLES_DIR / "wao" / "nodeconfigtemplate.yaml"
+    if not path.exists():
+        pytest.skip(f"{path} does not exist")
+    spec = yaml.safe_load(path.read_text())["spec"]
+    assert "template" not in spec and "metricsCollector" in spec

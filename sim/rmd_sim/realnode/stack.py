@@ -137,6 +137,9 @@ class RealStack:
                 "settings": {"log_format": "json", "log_level": "debug"},
             },
             "operator": {"image": {"repository": op_repository, "tag": op_tag}},
+            # The control plane applied every crds/*.yaml already, wao-core's two included; the chart would
+            # refuse to take over CRDs it did not create (docs/telemetry.md).
+            "nodeTelemetry": {"installCRDs": False},
         }
 
     def install(self, timeout: str = "300s") -> None:
