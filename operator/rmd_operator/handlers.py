@@ -15,6 +15,9 @@ kopf's file mode (it would put this directory on sys.path).
                   selector): heartbeats.py marks an RmdNodeState Ready=False when its agent's Lease expires;
                   a renewal may trigger the periodic orphan sweep, and a new holder (the agent restarted)
                   triggers one as soon as the agent is ready.
+    NodeConfigTemplate, NodeConfig (wao.bitmedia.co.jp; unless node_config_templates is false), indexed with
+                  the Nodes' InternalIPs: any change of them or of a Node wakes node_config_sync.TemplateSync,
+                  which keeps each template's NodeConfigs and writes the templates' status.
     Pod           only pods bound to a node with a container limit on intel.com/l3_cache_ways: the pod flow
                   (pod_flow.py) creates their RmdWorkloads, and reacts to those workloads' status through the
                   RmdWorkload events. Standalone, pods come through our own watch (pod_watch.py), which keeps
@@ -27,6 +30,7 @@ trigger the wake-ups: they need no last-handled annotation, so the operator neve
 RmdNodeStates except the Ready condition of one whose heartbeat expired (and to RmdWorkloads only their status
 and its finalizer; the pod flow writes the RmdWorkloads
 of pods, and deletes pods whose request failed unless delete_failed_pods is false). Pods are never annotated.
+The template controller writes NodeConfigs (those of templates) and NodeConfigTemplates' status only.
 """
 
 from __future__ import annotations
@@ -34,13 +38,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import kopf
 
 from rmd_api.agent_certs import SIGNER_NAME
-from rmd_api.names import RMD_NODE_STATE, RMD_WORKLOAD
+from rmd_api.names import NODE_CONFIG, NODE_CONFIG_TEMPLATE, RMD_NODE_STATE, RMD_WORKLOAD
 from rmd_api.node_state import LEASE_LABEL, LEASE_LABEL_VALUE
 from rmd_operator.agent_certs import needs_action
 from rmd_operator.agent_client import AgentClients, close_quietly
@@ -49,6 +53,16 @@ from rmd_operator.errors import ConfigError, RetryLater
 from rmd_operator.events import EventPoster
 from rmd_operator.heartbeats import AgentLiveness, Seen
 from rmd_operator.kube import NodeStateApi, StatusWriter
+from rmd_operator.node_config_api import NodeConfigApi
+from rmd_operator.node_config_plan import (
+    Node,
+    NodeConfig,
+    Template,
+    internal_ips,
+    node_config_of,
+    template_of,
+)
+from rmd_operator.node_config_sync import Inputs, TemplateSync
 from rmd_operator.pod_flow import PodFlow
 from rmd_operator.pod_objects import PodObjectsApi
 from rmd_operator.pod_watch import BOUND, PodWatch, wanted
@@ -68,6 +82,12 @@ CSR_GROUP = "certificates.k8s.io"
 WORKLOADS = (RMD_WORKLOAD.group, RMD_WORKLOAD.version, RMD_WORKLOAD.plural)
 NODE_STATES = (RMD_NODE_STATE.group, RMD_NODE_STATE.version, RMD_NODE_STATE.plural)
 LEASES = ("coordination.k8s.io", "v1", "leases")
+NODE_CONFIGS = (NODE_CONFIG.group, NODE_CONFIG.version, NODE_CONFIG.plural)
+NODE_CONFIG_TEMPLATES = (
+    NODE_CONFIG_TEMPLATE.group,
+    NODE_CONFIG_TEMPLATE.version,
+    NODE_CONFIG_TEMPLATE.plural,
+)
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
@@ -170,6 +190,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.liveness = liveness = AgentLiveness(liveness_api, SETTINGS.node_state_namespace)
     memo.liveness_task = asyncio.create_task(liveness.run(), name="agent-heartbeats")
     memo.pod_flow = pod_flow = PodFlow(SETTINGS, agents=clients, objects=pod_objects, events=events.post)
+    if SETTINGS.node_config_templates:
+        memo.node_config_api = node_config_api = await NodeConfigApi.create()
+        memo.template_sync = template_sync = TemplateSync(
+            node_config_api,
+            events.post,
+            retry_initial=SETTINGS.retry_initial_seconds,
+            retry_max=SETTINGS.retry_max_seconds,
+        )
+        memo.template_sync_task = asyncio.create_task(template_sync.run(), name="node-config-templates")
     if not SETTINGS.peering:
         # One watch per handled namespace (the RBAC may allow pods there only), else one for all.
         memo.pod_watch_api = api = await PodWatch.api_client()
@@ -211,6 +240,11 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     reconciler: Reconciler | None = memo.get("reconciler")
     if reconciler is not None:
         await reconciler.close()
+    template_sync_task: asyncio.Task[None] | None = memo.get("template_sync_task")
+    if template_sync_task is not None:
+        template_sync_task.cancel()
+        await asyncio.gather(template_sync_task, return_exceptions=True)
+        await asyncio.to_thread(memo.node_config_api.close)
     liveness_task: asyncio.Task[None] | None = memo.get("liveness_task")
     if liveness_task is not None:
         liveness_task.cancel()
@@ -326,6 +360,61 @@ if SETTINGS.peering:
         pod_flow.pod_changed(type, body)
 
 
+# -- NodeConfigTemplates (node_config_sync.py; docs/telemetry.md) -------------------------------------------
+
+
+def _template_inputs(kwargs: Mapping[str, Any]) -> Callable[[], Inputs]:
+    """What a template pass reads: kopf's indexes, live (complete before any handler runs)."""
+    templates = _index(kwargs, "node_config_templates")
+    configs = _index(kwargs, "node_configs")
+    labels = _FirstValues(_index(kwargs, "node_labels"))
+    addresses = _FirstValues(_index(kwargs, "node_addresses"))
+
+    def read() -> Inputs:
+        nodes = [Node(name, labels[name], addresses.get(name, ())) for name in labels]
+        return Inputs(
+            templates=[t for store in templates.values() for t in store],
+            nodes=nodes,
+            configs=[c for store in configs.values() for c in store],
+        )
+
+    return read
+
+
+def _templates_changed(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
+    template_sync: TemplateSync = memo.template_sync
+    template_sync.changed(_template_inputs(kwargs))
+
+
+if SETTINGS.node_config_templates:
+
+    @kopf.index("v1", "nodes")
+    async def node_addresses(name: str, status: kopf.Status, **_: Any) -> dict[str, tuple[str, ...]]:
+        return {name: internal_ips(status)}
+
+    @kopf.index(*NODE_CONFIG_TEMPLATES, when=workload_in_scope)
+    async def node_config_templates(body: kopf.Body, **_: Any) -> dict[tuple[str, str], Template]:
+        template = template_of(body)
+        return {(template.namespace, template.name): template}
+
+    @kopf.index(*NODE_CONFIGS, when=workload_in_scope)
+    async def node_configs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], NodeConfig]:
+        config = node_config_of(body)
+        return {(config.namespace, config.name): config}
+
+    @kopf.on.event("v1", "nodes")
+    async def node_event_for_templates(memo: kopf.Memo, **kwargs: Any) -> None:
+        _templates_changed(memo, kwargs)
+
+    @kopf.on.event(*NODE_CONFIG_TEMPLATES, when=workload_in_scope)
+    async def node_config_template_event(memo: kopf.Memo, **kwargs: Any) -> None:
+        _templates_changed(memo, kwargs)
+
+    @kopf.on.event(*NODE_CONFIGS, when=workload_in_scope)
+    async def node_config_event(memo: kopf.Memo, **kwargs: Any) -> None:
+        _templates_changed(memo, kwargs)
+
+
 # -- the agents' serving certificates (only with a signer CA) ----------------------------------------------
 
 
@@ -403,7 +492,9 @@ async def remove_from_nodes(*, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) 
 async def probe(memo: kopf.Memo, **_: Any) -> dict[str, int]:
     reconciler: Reconciler | None = memo.get("reconciler")
     pod_flow: PodFlow | None = memo.get("pod_flow")
+    template_sync: TemplateSync | None = memo.get("template_sync")
     return {
         **(reconciler.health() if reconciler is not None else {}),
         **(pod_flow.health() if pod_flow is not None else {}),
+        **(template_sync.health() if template_sync is not None else {}),
     }

@@ -140,6 +140,15 @@ class OperatorSettings:
         },
     )
 
+    # -- NodeConfigTemplates (wao.bitmedia.co.jp, docs/telemetry.md) ---------------------------------------
+    node_config_templates: bool = field(
+        default=True,
+        metadata={
+            "help": "keep one NodeConfig per node matching each NodeConfigTemplate (in the handled "
+            "namespaces); false where wao-core's controller still does it"
+        },
+    )
+
     def agent_user(self) -> str:
         """The user name of the agents' ServiceAccount as the API server reports it."""
         return f"system:serviceaccount:{self.node_state_namespace}:{self.agent_service_account}"

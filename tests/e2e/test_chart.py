@@ -57,6 +57,7 @@ Obj = dict[str, Any]
 CHART = repo_root() / "charts" / "rmd"
 NFD_RDT_LABEL = "feature.node.kubernetes.io/cpu-rdt.RDTL3CA"
 FIELD_MANAGER = "rmd-chart-e2e"
+WAO_CRDS = ("nodeconfigs.wao.bitmedia.co.jp", "nodeconfigtemplates.wao.bitmedia.co.jp")
 CLUSTER_SCOPED = {
     "ClusterRole",
     "ClusterRoleBinding",
@@ -84,7 +85,7 @@ NON_DEFAULT_VALUES: Obj = {
     },
     "operator": {
         "image": {"tag": "0.1.0-rc1"},
-        "settings": {"delete_failed_pods": False, "log_level": "debug"},
+        "settings": {"delete_failed_pods": False, "log_level": "debug", "node_config_templates": False},
         "watchNamespaces": ["team-a", "team-b"],
         "podFinalizersRule": True,
         "ports": {"liveness": 18080},
@@ -233,15 +234,19 @@ def test_default_render(helm: Helm) -> None:
         "Deployment",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "CustomResourceDefinition",
     }
-    assert "CustomResourceDefinition" not in kinds(docs)  # crds/ are installed by helm, not templated
+    # crds/ are installed by helm, not templated; only wao-core's two are (nodeTelemetry.installCRDs).
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"} == set(WAO_CRDS)
     # The agents' own-node policies: their writes and (tls.agentCertificates: csr) their certificate requests.
     assert policy_names(docs) == {"rel-rmd-rmd-agent-own-node", "rel-rmd-rmd-agent-csr"}
     assert policy_names(helm.template("rel", "rmd", "--set", "tls.agentCertificates=shared")) == {
         "rel-rmd-rmd-agent-own-node"  # no CSR rights, nothing to restrict
     }
     for doc in docs:
-        if doc["kind"] in CLUSTER_SCOPED:
+        if doc["kind"] == "CustomResourceDefinition":
+            assert "namespace" not in doc["metadata"]
+        elif doc["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in doc["metadata"] and "-rmd-" in doc["metadata"]["name"]
         else:
             assert doc["metadata"]["namespace"] == "rmd", doc["metadata"]
@@ -353,7 +358,10 @@ def test_default_rbac_is_least_privilege(helm: Helm) -> None:
         ("", "pods"),  # delete_failed_pods
         ("certificates.k8s.io", "certificatesigningrequests/approval"),  # the agents' certificates
         ("certificates.k8s.io", "certificatesigningrequests/status"),
+        ("wao.bitmedia.co.jp", "nodeconfigs"),  # those of NodeConfigTemplates
+        ("wao.bitmedia.co.jp", "nodeconfigtemplates/status"),
     }
+    assert ("wao.bitmedia.co.jp", "nodeconfigs", "update") not in operator_rules  # patched, uid-conditional
     cluster_rules = find(docs, "ClusterRole", "rel-rmd-rmd-operator-cluster")["rules"]
     signer_rules = [r for r in cluster_rules if "signers" in r["resources"]]
     assert signer_rules == [
@@ -415,6 +423,8 @@ def test_non_default_render(helm: Helm, values_file: Path) -> None:
     workload_rules = rules_of(find(docs, "ClusterRole", "rmd-x-ops-operator-workloads"))
     assert ("", "pods", "delete") not in workload_rules
     assert ("", "pods/finalizers", "update") in workload_rules
+    # node_config_templates: false (wao-core's controller keeps them): no rights to wao-core's objects.
+    assert not [r for r in workload_rules if r[0] == "wao.bitmedia.co.jp"]
     assert env_of(container(find(docs, "Deployment")))["RMD_OPERATOR_NAMESPACES"]["value"] == "team-a,team-b"
 
     monitor = find(docs, "ServiceMonitor")
@@ -426,7 +436,7 @@ def test_non_default_render(helm: Helm, values_file: Path) -> None:
     dashboard = find(docs, "ConfigMap", "rmd-x-dashboard")
     assert dashboard["metadata"]["namespace"] == "monitoring"
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "rmd"
-    assert all(d["metadata"]["labels"]["team"] == "platform" for d in docs)
+    assert all(d["metadata"]["labels"]["team"] == "platform" for d in docs)  # the CRDs' too
 
 
 # -- what the programs make of the rendered pods --------------------------------------------------------
@@ -694,7 +704,9 @@ def installed(
         client.CoreV1Api(api).create_namespace(
             client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
         )
-    docs = helm.template("rmd", namespace)
+    # wao-core's CRDs are there already (the control plane applies crds/), as where wao-core is installed; and
+    # the clean-up below deletes what it applied cluster-wide.
+    docs = helm.template("rmd", namespace, "--set", "nodeTelemetry.installCRDs=false")
     path = tmp_path_factory.mktemp("rendered") / "rmd.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     try:
@@ -1197,6 +1209,14 @@ def test_rbac_gives_each_identity_what_it_needs_and_nothing_else(
         (operator, "get", "secrets", ns, "", False),
         (operator, "create", "pods", "team-a", "", False),
         (operator, "create", "noderesourcetopologies", "", nrt_group, False),
+        # NodeConfigTemplates: their NodeConfigs and their status, nothing else of wao-core's API
+        (operator, "watch", "nodeconfigtemplates", "", "wao.bitmedia.co.jp", True),
+        (operator, "patch", "nodeconfigtemplates/status", "wao-system", "wao.bitmedia.co.jp", True),
+        (operator, "patch", "nodeconfigtemplates", "wao-system", "wao.bitmedia.co.jp", False),
+        (operator, "create", "nodeconfigs", "wao-system", "wao.bitmedia.co.jp", True),
+        (operator, "delete", "nodeconfigs", "wao-system", "wao.bitmedia.co.jp", True),
+        (operator, "update", "nodeconfigs", "wao-system", "wao.bitmedia.co.jp", False),
+        (agent, "list", "nodeconfigs", "", "wao.bitmedia.co.jp", False),
     ]
     wrong = [
         (user.rsplit(":", 1)[1], verb, resource, namespace or "(cluster)", expected)
@@ -1244,7 +1264,8 @@ def test_install_and_upgrade_keep_the_ca_and_reissue_on_request(
     kubeconfig = control_plane.kubeconfig
     release = "inst"
     # The shared agent certificate (tls.agentCertificates: shared) is the one the chart issues and keeps.
-    shared = ("--set", "tls.agentCertificates=shared")
+    # wao-core's CRDs exist already (the control plane applied crds/): left out, as next to wao-core.
+    shared = ("--set", "tls.agentCertificates=shared", "--set", "nodeTelemetry.installCRDs=false")
     helm.run("install", release, str(CHART), "--namespace", namespace, *shared, kubeconfig=kubeconfig)
     try:
         ca = _secret_data(control_plane, namespace, "inst-rmd-ca")
@@ -1279,6 +1300,7 @@ def test_install_and_upgrade_keep_the_ca_and_reissue_on_request(
         assert stored_values == {
             "agent": {"settings": {"log_level": "debug"}},
             "tls": {"agentCertificates": "shared"},
+            "nodeTelemetry": {"installCRDs": False},
         }
 
         # tls.reissue: new leaf certificates from the same CA; the agents roll (their checksum changes).
@@ -1308,3 +1330,75 @@ def test_install_and_upgrade_keep_the_ca_and_reissue_on_request(
         assert before["checksum/config"] == after["checksum/config"]
     finally:
         helm.run("uninstall", release, "--namespace", namespace, kubeconfig=kubeconfig, check=False)
+
+
+# -- wao-core's CRDs (nodeTelemetry.installCRDs) ----------------------------------------------------------
+
+
+def test_wao_crds_are_rendered_from_crds_unchanged(helm: Helm) -> None:
+    """Byte-identical copies of crds/ (tools/sync_chart_crds.py) read as data: their "{{.Hostname}}" texts
+    reach the API server as written. Kept on uninstall: deleting a CRD deletes every NodeConfig."""
+    docs = helm.template("rel", "rmd")
+    for name in WAO_CRDS:
+        rendered = find(docs, "CustomResourceDefinition", name)
+        source = yaml.safe_load((repo_root() / "crds" / f"{name}.yaml").read_text())
+        assert rendered["spec"] == source["spec"]
+        assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert source["metadata"]["labels"].items() <= rendered["metadata"]["labels"].items()
+    assert "{{.Hostname}}" in json.dumps(find(docs, "CustomResourceDefinition", WAO_CRDS[1]))
+    off = helm.template("rel", "rmd", "--set", "nodeTelemetry.installCRDs=false")
+    assert "CustomResourceDefinition" not in kinds(off)
+
+
+_HELM_CRD_ANNOTATIONS = (
+    "meta.helm.sh/release-name",
+    "meta.helm.sh/release-namespace",
+    "helm.sh/resource-policy",
+)
+_HELM_CRD_LABELS = (
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/version",
+    "helm.sh/chart",
+)
+
+
+def _crd_metadata(cp: ControlPlane, name: str) -> Obj:
+    metadata: Obj = json.loads(cp.kubectl("get", "crd", name, "-o", "json").stdout)["metadata"]
+    return metadata
+
+
+def test_install_where_wao_cores_crds_exist(control_plane: ControlPlane, helm: Helm, namespace: str) -> None:
+    """The control plane applied crds/, as a cluster running wao-core has its CRDs. The default install then
+    stops with helm's ownership message (docs/troubleshooting.md); `nodeTelemetry.installCRDs=false` installs
+    next to them; `--take-ownership` adopts them instead (Helm upgrades them from then on), and an uninstall
+    keeps them and their objects."""
+    kubeconfig = control_plane.kubeconfig
+    base = (str(CHART), "--namespace", namespace, "--set", "tls.agentCertificates=shared")
+    refused = helm.run("install", "wao", *base, kubeconfig=kubeconfig, check=False)
+    assert refused.returncode != 0
+    assert "exists and cannot be imported into the current release" in refused.stderr, refused.stderr
+    assert "nodeconfig" in refused.stderr, refused.stderr
+
+    helm.run("install", "wao", *base, "--set", "nodeTelemetry.installCRDs=false", kubeconfig=kubeconfig)
+    helm.run("uninstall", "wao", "--namespace", namespace, kubeconfig=kubeconfig)
+
+    try:
+        helm.run("install", "wao", *base, "--take-ownership", kubeconfig=kubeconfig)
+        for name in WAO_CRDS:
+            metadata = _crd_metadata(control_plane, name)
+            assert metadata["annotations"]["meta.helm.sh/release-name"] == "wao"
+            assert metadata["annotations"]["helm.sh/resource-policy"] == "keep"
+        helm.run("uninstall", "wao", "--namespace", namespace, kubeconfig=kubeconfig)
+        for name in WAO_CRDS:
+            assert _crd_metadata(control_plane, name)["name"] == name  # still there
+    finally:
+        helm.run("uninstall", "wao", "--namespace", namespace, kubeconfig=kubeconfig, check=False)
+        for name in WAO_CRDS:  # back to the control plane's own, for the tests that follow
+            control_plane.kubectl(
+                "annotate", "crd", name, *(f"{a}-" for a in _HELM_CRD_ANNOTATIONS), check=False
+            )
+            control_plane.kubectl(
+                "label", "crd", name, *(f"{label}-" for label in _HELM_CRD_LABELS), check=False
+            )

@@ -62,6 +62,12 @@ CASES = [
         "rmd_agent.plan.layering_probe -> yaml",
     ),
     (
+        "node-config-plan-imports-the-client",  # the template controller's decisions stay pure
+        {"operator/rmd_operator/node_config_plan.py": "\nimport kubernetes  # noqa: E402\n"},
+        "node-config-plan-is-pure",
+        "rmd_operator.node_config_plan -> kubernetes",
+    ),
+    (
         "simulator-cycle",  # the cycle an import inside a function once hid: perf needs hosttree back
         {"sim/rmd_sim/perf.py": "\n\ndef _tree() -> None:\n    from rmd_sim import hosttree\n"},
         "acyclic",
