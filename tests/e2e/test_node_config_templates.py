@@ -301,6 +301,10 @@ def test_template_follows_the_nodes_both_ways(env: Env) -> None:
     assert owner["kind"] == "NodeConfigTemplate" and owner["name"] == "redfish"
     env.wait_ready("redfish", "True", "Synced")
     env.wait_event("redfish", "NodeConfigCreated", f"redfish-{n1} for node {n1}")
+    # Of the template the operator writes the status only: no finalizer, no kopf annotations.
+    meta = env.template("redfish")["metadata"]
+    assert not meta.get("finalizers")
+    assert not any("kopf" in k or "rmd-operator" in k for k in meta.get("annotations") or {})
 
     # A label added: the node gets its NodeConfig, rendered with its own data.
     env.set_labels(n2, REDFISH)
