@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,18 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # single example can take longer than hypothesis's default 200 ms deadline.
 settings.register_profile("rmd", deadline=None)
 settings.load_profile("rmd")
+# The fuzz campaign over the parsers of untrusted input (tests/unit/test_fuzz_*.py, docs/security.md): the
+# same examples on every run (derandomize) and a deadline per example. A parser takes microseconds, so 500 ms
+# means a hang or a blow-up (a cpu range expanded into millions of CPUs), not a busy machine.
+# RMD_FUZZ_EXAMPLES=N runs a longer campaign with N examples per test, new ones on every run.
+_FUZZ_EXAMPLES = int(os.environ.get("RMD_FUZZ_EXAMPLES") or 0)
+settings.register_profile(
+    "fuzz",
+    deadline=timedelta(milliseconds=500),
+    derandomize=not _FUZZ_EXAMPLES,
+    max_examples=_FUZZ_EXAMPLES or 200,
+    database=None,
+)
 
 
 @pytest.fixture

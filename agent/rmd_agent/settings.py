@@ -24,6 +24,7 @@ from rmd_agent.plan.policy import PolicyBook, parse_policies
 from rmd_api.agent_certs import SIGNER_NAME
 from rmd_api.names import CACHE_WAYS_RESOURCE
 from rmd_api.settings_layers import as_plain_dict, dump, layered_values
+from rmd_api.yaml_errors import YAML_ERRORS
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -252,8 +253,10 @@ def load_policy_file(path: Path | None) -> PolicyBook:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"policy file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"policy file {path}: not UTF-8 text") from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+    except YAML_ERRORS as exc:
         raise ConfigError(f"policy file {path} is not valid YAML: {exc}") from None
     return parse_policies(data, source=str(path))

@@ -47,6 +47,7 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _MAX_NAME = 253  # an object name is a DNS subdomain
 _MAX_LABEL_VALUE = 63
 _MAX_CPU_LIST_ITEM = 128  # the CRD's limit on one coreIds entry
+_MAX_WAYS = Decimal(2**63 - 1)  # the largest whole quantity the API machinery computes with (int64)
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 # Event reasons (on the pod).
@@ -128,7 +129,8 @@ def _quantity(value: Any) -> Decimal | None:
         parsed: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]  # untyped library
     except (ValueError, TypeError, InvalidOperation):
         return None
-    return parsed
+    # "NaN" and "Infinity" parse, but are no quantity (the API server refuses them); NaN cannot be compared.
+    return parsed if parsed.is_finite() else None
 
 
 def asks_for_cache_ways(spec: Mapping[str, Any]) -> bool:
@@ -170,7 +172,9 @@ def _asking(spec: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], int]]
     for container in _containers(spec):
         ways = _quantity(_resources(container, "limits").get(CACHE_WAYS))
         if ways is not None and ways > 0:
-            asking[str(container.get("name"))] = (container, int(ways))
+            # The API server keeps a limit such as 1e1000000 (as "10e999999"); making an int of it took the
+            # operator half a minute. Capped, it is still refused by the range check (or set by a policy).
+            asking[str(container.get("name"))] = (container, int(min(ways, _MAX_WAYS)))
     return asking
 
 

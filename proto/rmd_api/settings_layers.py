@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from rmd_api.yaml_errors import YAML_ERRORS
+
 ErrorFactory = Callable[[str], Exception]  # the program's ConfigError
 
 
@@ -50,7 +52,9 @@ def read_config_file(path: Path, error: ErrorFactory) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text()) or {}
     except OSError as exc:
         raise error(f"config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
+    except UnicodeDecodeError:
+        raise error(f"config file {path}: not UTF-8 text") from None
+    except YAML_ERRORS as exc:
         raise error(f"config file {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise error(f"config file {path} must hold a mapping of setting names to values")

@@ -96,7 +96,7 @@ def _pstate(spec: Mapping[str, Any], plugins: Mapping[str, Any]) -> agent_pb2.Ps
         request.ratio = PSTATE_RATIO.require(f"{path}.ratio", pstate["ratio"], InvalidSpec)
     monitoring = pstate.get("monitoring")
     if monitoring is not None:
-        if monitoring not in _MONITORING:
+        if not isinstance(monitoring, str) or monitoring not in _MONITORING:  # a list is not even hashable
             raise InvalidSpec(f'{path}.monitoring must be "on" or "off", not {monitoring!r}')
         request.monitoring = _MONITORING[monitoring]
     return request

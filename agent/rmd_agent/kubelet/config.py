@@ -14,6 +14,7 @@ import yaml
 from rmd_agent.errors import HostReadError, Unsupported
 from rmd_agent.hostfs import HostFS
 from rmd_api.cpuset import CpuListError, parse_cpu_list
+from rmd_api.yaml_errors import YAML_ERRORS
 
 DEFAULT_CONFIG_PATH = "var/lib/kubelet/config.yaml"
 _KIND = "KubeletConfiguration"
@@ -69,7 +70,7 @@ def parse_kubelet_config(text: str, source: str) -> KubeletConfig | Unsupported:
     """Parse KubeletConfiguration YAML; Unsupported with the reason if it is not one."""
     try:
         document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+    except YAML_ERRORS as exc:
         return Unsupported(f"{source}: not valid YAML: {_yaml_problem(exc)}")
     if not isinstance(document, Mapping):
         return Unsupported(f"{source}: expected a YAML mapping, found {_yaml_kind(document)}")
@@ -126,7 +127,9 @@ def _yaml_kind(value: object) -> str:
     return type(value).__name__
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def _yaml_problem(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
     mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    problem = getattr(exc, "problem", None) or next(iter(str(exc).splitlines()), "") or type(exc).__name__
     return f"{problem} at line {mark.line + 1}" if mark is not None else str(problem)

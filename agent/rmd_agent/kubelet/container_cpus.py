@@ -12,7 +12,7 @@ from rmd_agent.errors import CheckpointError, HostReadError, Unsupported
 from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.checkpoints import read_cpu_manager_state
 from rmd_agent.kubelet.pod_lookup import PodLookup
-from rmd_api.cpuset import CpuListError, format_cpu_list, parse_cpu_list
+from rmd_api.cpuset import MAX_CPU_ID, CpuListError, format_cpu_list, parse_cpu_list
 from rmd_api.kubelet.checkpoint import CpuManagerState
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,14 @@ class ContainerCpuLookup:
                 CpuState.NOT_EXCLUSIVE,
                 detail=f"container {container!r} of pod {namespace}/{pod} has no exclusive CPUs (it needs a "
                 "Guaranteed pod with integer CPUs and the static CPU manager policy)",
+            )
+        beyond = sorted(cpu for cpu in entry.cpu_ids if not 0 <= cpu <= MAX_CPU_ID)
+        if beyond:
+            # PodResources ids are int64, the answer's int32: a kubelet's garbage would fail the answer.
+            return ContainerCpus(
+                CpuState.NOT_YET_ALLOCATED,
+                detail=f"the kubelet reports CPU id {beyond[0]} for container {container!r} of pod "
+                f"{namespace}/{pod}, which no Linux CPU has (0..{MAX_CPU_ID})",
             )
         if uid:
             problem = await asyncio.to_thread(self._cross_check, uid, container, entry.cpu_ids)

@@ -109,7 +109,7 @@ def _not_mounted_reason(fs: HostFS) -> str:
         cpuinfo = fs.read_text("proc/cpuinfo")
     except HostReadError:
         return f"resctrl is not mounted at /{RESCTRL}"
-    flags = next((ln.split(":", 1)[1].split() for ln in cpuinfo.splitlines() if ln.startswith("flags")), [])
+    flags = next((ln.partition(":")[2].split() for ln in cpuinfo.splitlines() if ln.startswith("flags")), [])
     if "rdt_a" not in flags and "cat_l3" not in flags:
         return "the CPU has no RDT allocation (no rdt_a or cat_l3 flag in /proc/cpuinfo)"
     return f"the CPU supports RDT but resctrl is not mounted: mount -t resctrl resctrl /{RESCTRL}"

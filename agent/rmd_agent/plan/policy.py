@@ -111,13 +111,26 @@ def platform_from_cpuinfo(cpuinfo: str) -> str | None:
 # -- parsing -------------------------------------------------------------------------------------------------
 
 
-def _lower_keys(value: Any) -> Any:
-    """viper (RMD's config library) lower-cases keys, and RMD's shipped file relies on it ("Min:")."""
+def _lower_keys(value: Any, source: str, done: dict[int, Any] | None = None) -> Any:
+    """viper (RMD's config library) lower-cases keys, and RMD's shipped file relies on it ("Min:").
+
+    YAML aliases make the document a graph: each node is converted once (`done`, by identity), so a file of a
+    few hundred bytes whose aliases stand for millions of nodes stays as small as its text, and a node that
+    contains itself is refused."""
+    if not isinstance(value, Mapping | list):
+        return value
+    done = {} if done is None else done
+    if id(value) in done:
+        if done[id(value)] is None:
+            raise ConfigError(f"{source}: a YAML alias refers to itself (from inside its own anchor)")
+        return done[id(value)]
+    done[id(value)] = None  # in progress
     if isinstance(value, Mapping):
-        return {str(k).lower(): _lower_keys(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_lower_keys(v) for v in value]
-    return value
+        lowered: Any = {str(k).lower(): _lower_keys(v, source, done) for k, v in value.items()}
+    else:
+        lowered = [_lower_keys(v, source, done) for v in value]
+    done[id(value)] = lowered
+    return lowered
 
 
 def _merge_list(value: Any, where: str) -> Mapping[str, Any]:
@@ -195,7 +208,7 @@ def parse_policies(
     offending path ("policy.yaml: skylake.gold.cache.max must be ...")."""
     if data is None:
         return PolicyBook(base)
-    platforms = _merge_list(_lower_keys(data), source)
+    platforms = _merge_list(_lower_keys(data, source), source)
     merged: dict[str, dict[str, Policy]] = {name: dict(table) for name, table in base.items()}
     # The default section first: a platform new to `base` starts from it.
     for platform in sorted(platforms, key=lambda p: p != DEFAULT_PLATFORM):

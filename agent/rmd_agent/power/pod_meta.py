@@ -29,6 +29,7 @@ from typing import Protocol
 import yaml
 
 from rmd_agent.hostfs import HostFS
+from rmd_api.yaml_errors import YAML_ERRORS
 
 POD_LOGS_DIR = "var/log/pods"
 CONTAINER_LOGS_DIR = "var/log/containers"
@@ -74,7 +75,7 @@ def pod_logs_dir(fs: HostFS, config_path: str = KUBELET_CONFIG) -> str:
     """The kubelet's podLogsDir from its config file (relative to the host root), else the default."""
     try:
         document = yaml.safe_load(fs.read_text(config_path))
-    except (OSError, yaml.YAMLError):
+    except (OSError, *YAML_ERRORS):
         return POD_LOGS_DIR
     value = document.get("podLogsDir") if isinstance(document, dict) else None
     return value.strip("/") if isinstance(value, str) and value.strip("/") else POD_LOGS_DIR

@@ -7,14 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from rmd_api.cpuset import format_cpu_list
+from rmd_api.cpuset import MAX_CPU_ID, format_cpu_list
 from rmd_api.kubelet.checkpoint.checksum import (
     read_envelope,
     string_checksum,
     struct_checksum,
     verify_checksum,
 )
-from rmd_api.kubelet.checkpoint.go_cpuset import cpuset_go_value, parse_kubelet_cpuset
+from rmd_api.kubelet.checkpoint.go_cpuset import cpuset_go_value, kubelet_cpuset_ranges, parse_kubelet_cpuset
 from rmd_api.kubelet.checkpoint.gojson import Decoder, JsonObject, json_map, json_object, json_string
 from rmd_api.kubelet.checkpoint.gospew import GoStruct, GoValue
 
@@ -49,6 +49,10 @@ _CPU_TOP_FIELDS: Final = (
 )
 
 _CPU_DATA_FIELDS: Final = ("policyName", "defaultCpuSet", "entries", "podEntries")
+# A node has at most MAX_CPU_ID + 1 CPUs and pods' exclusive CPUs never overlap, so the pod entries of a file
+# the kubelet wrote name at most that many; a file naming more (a few kB can name millions) is refused before
+# its sets are built and hashed.
+_MAX_POD_ENTRY_CPUS: Final = MAX_CPU_ID + 1
 _ENTRIES_V2_TYPE: Final = "map[string]map[string]string"
 _ENTRIES_V1_TYPE: Final = "map[string]string"
 
@@ -101,14 +105,24 @@ class _CpuReader:
         return self.d.mapping(value, where, self.d.string_key, self.d.string)
 
     def pod_entries(self, value: object, where: str) -> dict[str, _CpuPodEntry] | None:
+        total = 0  # CPUs of the entries so far: each is hashed one by one, before the checksum can be checked
+
         def entry(member: object, inner: str) -> _CpuPodEntry:
+            nonlocal total
             # PodEntry has its own UnmarshalJSON: a null entry parses "" into the empty set.
             text = (
                 ""
                 if member is None
                 else self.d.string(self.d.fields(member, inner, ("cpuSet",)).get("cpuSet"), inner)
             )
-            return _CpuPodEntry(text, _cpuset(self.d, text, f"{inner}.cpuSet"))
+            cpus = _cpuset(self.d, text, f"{inner}.cpuSet")
+            total += len(cpus)
+            if total > _MAX_POD_ENTRY_CPUS:
+                raise self.d.fail(
+                    f"{where}: the pods' CPUs add up to more CPUs than a node can have "
+                    f"({_MAX_POD_ENTRY_CPUS}), and pods' exclusive CPUs never overlap"
+                )
+            return _CpuPodEntry(text, cpus)
 
         return self.d.mapping(value, where, self.d.string_key, entry)
 
@@ -217,14 +231,14 @@ def _cpu_state(
     by_id: Mapping[str, str] | None = None,
 ) -> CpuManagerState:
     """The public state, after checking every cpuset parses as the kubelet would parse it."""
-    _cpuset(d, default, "defaultCpuSet")
+    _check(d, default, "defaultCpuSet")
     containers = {uid: dict(per_pod or {}) for uid, per_pod in (entries or {}).items()}
     for uid, per_pod in containers.items():
         for name, cpus in per_pod.items():
-            _cpuset(d, cpus, f"entries[{uid!r}][{name!r}]")
+            _check(d, cpus, f"entries[{uid!r}][{name!r}]")
     id_entries = dict(by_id or {})
     for container_id, cpus in id_entries.items():
-        _cpuset(d, cpus, f"entries[{container_id!r}]")
+        _check(d, cpus, f"entries[{container_id!r}]")
     return CpuManagerState(
         policy_name=policy,
         default_cpu_set=default,
@@ -244,9 +258,18 @@ def _cpuset(d: Decoder, text: str, where: str) -> frozenset[int]:
         raise d.fail(f"{where}: {exc}") from None
 
 
+def _check(d: Decoder, text: str, where: str) -> None:
+    """`_cpuset` for a cpuset that is only checked: the ranges are not expanded, so the cost is the text's
+    (a file's thousands of entries may each name every CPU)."""
+    try:
+        kubelet_cpuset_ranges(text)
+    except ValueError as exc:
+        raise d.fail(f"{where}: {exc}") from None
+
+
 def _check_cpuset(text: str, what: str) -> None:
     try:
-        parse_kubelet_cpuset(text)
+        kubelet_cpuset_ranges(text)
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
 

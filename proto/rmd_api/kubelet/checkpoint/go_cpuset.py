@@ -3,13 +3,9 @@ it for the checksum."""
 
 from __future__ import annotations
 
-from typing import Final
-
+from rmd_api.cpuset import MAX_CPU_ID, cpus_of_ranges
 from rmd_api.kubelet.checkpoint.gojson import go_atoi
 from rmd_api.kubelet.checkpoint.gospew import GoStruct, GoValue
-
-# Kernel builds top out at 8192 CPUs; the bound keeps "0-999999999" from building a huge set to hash.
-_MAX_CPU_ID: Final = 1 << 16
 
 
 def parse_kubelet_cpuset(text: str) -> frozenset[int]:
@@ -17,21 +13,33 @@ def parse_kubelet_cpuset(text: str) -> frozenset[int]:
 
     Differences from a lenient parser: no whitespace, no empty items, and `A-B` needs A <= B.
     """
+    return cpus_of_ranges(kubelet_cpuset_ranges(text))
+
+
+def kubelet_cpuset_ranges(text: str) -> list[tuple[int, int]]:
+    """The (first, last) ranges of a cpuset, checked as `parse_kubelet_cpuset` checks them but not expanded:
+    linear in the text, for cpusets that are only validated. ValueError if invalid."""
     if text == "":
-        return frozenset()
-    cpus: set[int] = set()
+        return []
+    ranges: list[tuple[int, int]] = []
     for item in text.split(","):
         first, sep, last = item.partition("-")
         start = go_atoi(first)
         end = go_atoi(last) if sep else start
         if start is None or end is None:
-            raise ValueError(f"invalid cpuset {text!r}: {item!r} is not N or A-B")
+            raise ValueError(f"invalid cpuset {_shown(text)}: {item[:80]!r} is not N or A-B")
         if start > end:
-            raise ValueError(f"invalid cpuset {text!r}: range {item!r} has start > end")
-        if end > _MAX_CPU_ID:
-            raise ValueError(f"invalid cpuset {text!r}: cpu {end} is beyond any Linux CPU number")
-        cpus.update(range(start, end + 1))
-    return frozenset(cpus)
+            raise ValueError(f"invalid cpuset {_shown(text)}: range {item!r} has start > end")
+        # Kernel builds top out at 8192 CPUs; the bound keeps "0-999999999" from building a huge set to hash.
+        if end > MAX_CPU_ID:
+            raise ValueError(f"invalid cpuset {_shown(text)}: cpu {end} is beyond any Linux CPU number")
+        ranges.append((start, end))
+    return ranges
+
+
+def _shown(text: str) -> str:
+    """The cpuset for a message: a file's megabyte-long one is not repeated whole."""
+    return repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text)} characters)"
 
 
 def cpuset_go_value(cpus: frozenset[int]) -> GoStruct:

@@ -20,7 +20,9 @@ UINT64_MAX: Final = (1 << 64) - 1
 
 def go_atoi(text: str) -> int | None:
     """A decimal int64 as Go's strconv parses it (optional sign, ASCII digits only); None if it is not one."""
-    if not _ATOI.fullmatch(text):
+    # An int64 has at most 19 digits after any leading zeros; checking first keeps int() from refusing a
+    # 4300-digit key with its own ValueError.
+    if not _ATOI.fullmatch(text) or len(text.lstrip("+-").lstrip("0")) > 19:
         return None
     value = int(text)
     return value if -_INT64_MAX - 1 <= value <= _INT64_MAX else None
