@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from rmd_agent.cache_ways import Holding
 from rmd_agent.deviceplugin.devices import (
     UnknownDevices,
     allocation_envs,
@@ -135,7 +136,7 @@ NUMA = [
     NumaNode(0, frozenset({0, 1}), 2**30, 2**29, (), {0: 10, 1: 20}),
     NumaNode(1, frozenset({2, 3}), 2**30, 2**29, (), {0: 20, 1: 10}),
 ]
-CACHES = [CacheWays(0, frozenset({0, 1, 2, 3}), 11, 8, 4)]
+CACHES = [CacheWays(0, frozenset({0, 1, 2, 3}), 11, 8, (Holding(frozenset({0}), 4),))]  # 4 of 8 held
 
 
 @st.composite

@@ -14,7 +14,7 @@ from rmd_api import limits
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.cpuset import MAX_CPU_ID, parse_cpu_list
 from rmd_api.workload_spec import InvalidSpec, parse_spec, resource_fields
-from rmd_operator import pods
+from rmd_operator import pod_annotations, pods
 from rmd_operator.errors import SpecError
 from rmd_operator.spec import requirements, workload_spec
 
@@ -136,7 +136,7 @@ _QUANTITIES = st.one_of(
     st.text("0123456789.eEkmMGi-+", max_size=8),
     st.none(),
 )
-_SETTINGS = st.sampled_from([*pods.SETTINGS, "typo", ""])
+_SETTINGS = st.sampled_from([*pod_annotations.SETTINGS, "typo", ""])
 _ANNOTATION_VALUES = st.one_of(
     st.sampled_from(
         ["gold", "silver", "bronze", "on", "off", "1", "2", "3.0", "100", "0", " 2 ", "99999999999"]
@@ -154,8 +154,10 @@ def _pods(draw: st.DrawFn) -> dict[str, Any]:
             st.one_of(st.just(limits_), st.dictionaries(st.sampled_from(["cpu", "memory"]), _QUANTITIES))
         )
         containers.append({"name": name, "resources": {"limits": limits_, "requests": requests}})
+    owners = st.sampled_from([*CONTAINERS, "other", ""])
     keys = st.one_of(
-        st.tuples(st.sampled_from([*CONTAINERS, "other", ""]), _SETTINGS).map("_".join),
+        st.tuples(owners, _SETTINGS).map("_".join),  # the seed's form
+        st.tuples(owners, _SETTINGS).map(lambda k: f"{k[0]}.{pod_annotations.DOMAIN}/{k[1]}"),  # any name
         st.text(max_size=12),
     )
     return {
@@ -205,6 +207,8 @@ def test_a_cache_ways_limit_beyond_any_integer_is_refused_in_bounded_time() -> N
     request = pods.pod_request(pod)
     assert time.perf_counter() - started < 1.0
     assert not request.containers
-    [refusal] = request.refusals
-    assert refusal.reason == pods.INVALID_REQUEST
-    assert f"must be an integer within 0..{limits.CACHE_WAYS.high}" in refusal.message
+    [invalid] = request.invalid
+    assert invalid.container == "app"
+    assert any(f"must be an integer within 0..{limits.CACHE_WAYS.high}" in p for p in invalid.problems)
+    event = pods.annotation_event(request)
+    assert event is not None and event.reason == pods.INVALID_REQUEST
