@@ -178,20 +178,45 @@ def test_chart_crds_are_byte_identical_copies() -> None:
 def test_sync_tool_reports_and_repairs_drift(tmp_path: Path) -> None:
     tool = load_sync_tool()
     source, copies = tmp_path / "crds", tmp_path / "chart-crds"
+    expected = tmp_path / "expected_crds.py"
     shutil.copytree(REPO / "crds", source)
     shutil.copytree(REPO / "crds", copies)
-    assert tool.differences(source, copies) == []
+    shutil.copyfile(tool.EXPECTED, expected)
+    assert tool.differences(source, copies, expected) == []
     first = sorted(source.glob("*.yaml"))[0].name
     (copies / first).write_bytes((copies / first).read_bytes() + b"# edited\n")
     (copies / "stale.yaml").write_text("kind: Old\n")
     (source / "new.yaml").write_text("kind: New\n")
-    assert tool.differences(source, copies) == [
+    assert tool.differences(source, copies, expected) == [
         f"missing: {copies / 'new.yaml'}",
         f"differs: {copies / first}",
         f"not in {source}: {copies / 'stale.yaml'}",
     ]
-    tool.sync(source, copies)
-    assert tool.differences(source, copies) == []
+    tool.sync(source, copies, expected)
+    assert tool.differences(source, copies, expected) == []
+
+
+def test_sync_tool_keeps_the_digests_rmdctl_expects(tmp_path: Path) -> None:
+    """A schema change in crds/ changes what `rmdctl validate` expects (expected_crds.py); --check says so."""
+    tool = load_sync_tool()
+    source, copies = tmp_path / "crds", tmp_path / "chart-crds"
+    expected = tmp_path / "expected_crds.py"
+    shutil.copytree(REPO / "crds", source)
+    shutil.copytree(REPO / "crds", copies)
+    shutil.copyfile(tool.EXPECTED, expected)
+    crd_file = source / "rmdnodestates.intel.com.yaml"
+    crd = yaml.safe_load(crd_file.read_text())
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["extra"] = {
+        "type": "string"
+    }
+    crd_file.write_text(yaml.safe_dump(crd))
+    shutil.copyfile(crd_file, copies / crd_file.name)
+    assert tool.differences(source, copies, expected) == [f"differs: {expected}"]
+    before = expected.read_text()
+    tool.sync(source, copies, expected)
+    assert tool.differences(source, copies, expected) == []
+    changed = [line for line in expected.read_text().splitlines() if line not in before.splitlines()]
+    assert len(changed) == 1 and '"rmdnodestates.intel.com": ("v1alpha1", {"v1alpha1": ' in changed[0]
     assert not (copies / "stale.yaml").exists()
 
 
