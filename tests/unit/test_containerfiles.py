@@ -315,11 +315,25 @@ def test_image_builds_and_runs(image: str) -> None:
                 "--print-config",
             )
             assert json.loads(printed)["agent_server_name"] == "rmd-agent.{node}"
-        # Only the venv's own programs: the other component's script and the build tools are gone.
+            usage = _run(
+                "buildah",
+                "run",
+                "--isolation",
+                "chroot",
+                "--user",
+                "65532:65532",
+                container,
+                "--",
+                "rmdctl",
+                "-h",
+            )
+            assert "validate" in usage  # rmdctl comes with the operator's package
+        # Only the venv's own programs: the other component's scripts and the build tools are gone.
         programs = set(
             _run("buildah", "run", "--isolation", "chroot", container, "--", "ls", "/opt/rmd/bin").split()
         )
         other = "operator" if image == "agent" else "agent"
         assert f"rmd-{image}" in programs and f"rmd-{other}" not in programs and "pip" not in programs
+        assert ("rmdctl" in programs) is (image == "operator")
     finally:
         _run("buildah", "rm", container)
