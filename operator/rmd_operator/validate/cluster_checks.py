@@ -9,11 +9,12 @@ from collections.abc import Mapping
 
 from rmd_api.names import NODE_RESOURCE_TOPOLOGY, RMD_NODE_STATE, RMD_WORKLOAD
 from rmd_operator.validate import scheduler
+from rmd_operator.validate.capability_checks import topology_manager
 from rmd_operator.validate.context import Context
 from rmd_operator.validate.crd_schema import storage_version, version_digests
 from rmd_operator.validate.expected_crds import EXPECTED_CRDS
 from rmd_operator.validate.findings import Finding, error, info, ok, warning
-from rmd_operator.validate.node_checks import NRT_ATTR_METHOD, topology_manager
+from rmd_operator.validate.resource_checks import NRT_ATTR_METHOD
 from rmd_operator.validate.snapshot import (
     AGENT_COMPONENT,
     COMPONENT_LABEL,
