@@ -281,7 +281,7 @@ def test_an_expired_heartbeat_behind_ready_true_is_an_error_that_suspects_the_op
     findings = validate(dataclasses.replace(snap, leases=leases))
     agent = one(findings, "worker-1", "agent")
     assert agent.severity.value == "error"
-    assert "heartbeat Lease expired 15s ago" in agent.message and "is the operator running?" in agent.message
+    assert "heartbeat Lease expired 17s ago" in agent.message and "is the operator running?" in agent.message
     # Its NodeResourceTopology is kept by nobody meanwhile.
     assert "its agent is not running" in one(findings, "worker-1", "nrt").message
 

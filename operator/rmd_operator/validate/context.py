@@ -124,8 +124,8 @@ def liveness(snap: Snapshot, node: str) -> Liveness:
     duration = spec.get("leaseDurationSeconds")
     if renewed is None or not isinstance(duration, int):
         return Liveness(is_ready, renewed=f"Lease {lease_name(node)} has no renewTime")
-    expired_for = snap.now - (renewed + timedelta(seconds=duration)) - LEASE_SLACK
+    expired_for = snap.now - (renewed + timedelta(seconds=duration))
     text = renewed.strftime("%Y-%m-%dT%H:%M:%SZ")
-    if expired_for > timedelta(0):
+    if expired_for > LEASE_SLACK:
         return Liveness(False, expired_for=expired_for, renewed=text)
     return Liveness(is_ready, renewed=text)
