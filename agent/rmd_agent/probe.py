@@ -33,6 +33,7 @@ from rmd_api.node_state import (
     RDT_L3_CAT,
     RESCTRL_MOUNTED,
     TOPOLOGY_MANAGER_POLICY,
+    topology_manager_detail,
 )
 
 
@@ -150,7 +151,8 @@ def _probe_kubelet_config(fs: HostFS, settings: AgentSettings) -> list[Finding]:
         )
     )
     topo = _found(
-        TOPOLOGY_MANAGER_POLICY, f"{config.topology_manager_policy} (scope {config.topology_manager_scope})"
+        TOPOLOGY_MANAGER_POLICY,
+        topology_manager_detail(config.topology_manager_policy, config.topology_manager_scope),
     )
     return [cpu, topo]
 

@@ -35,6 +35,22 @@ TOPOLOGY_MANAGER_POLICY = "topologyManagerPolicy"
 POD_RESOURCES = "podResources"
 POD_RESOURCES_GET = "podResourcesGet"  # which PodResources API the agent's pod lookups use
 
+
+# The detail of TOPOLOGY_MANAGER_POLICY when the kubelet config was read: people read it, and
+# `rmdctl validate` compares policy and scope across nodes, so it is written and parsed here only.
+def topology_manager_detail(policy: str, scope: str) -> str:
+    return f"{policy} (scope {scope})"
+
+
+def parse_topology_manager_detail(detail: str) -> tuple[str, str] | None:
+    """(policy, scope) of a detail topology_manager_detail wrote; None for any other text."""
+    policy, sep, rest = detail.partition(" (scope ")
+    if not sep or not policy or " " in policy or not rest.endswith(")"):
+        return None
+    scope = rest[:-1]
+    return (policy, scope) if scope and " " not in scope else None
+
+
 # status.conditions: the Ready condition and the reasons the agent gives it.
 READY = "Ready"
 AGENT_READY = "AgentReady"

@@ -7,7 +7,9 @@ the demo build on it.
         ...
 
 `isolate_node(name)` moves a node's agent into a network namespace of its own (`rmd_sim.netns`), whose link a
-test can cut and restore; `rejoin_node(name)` brings it back. `stop()` undoes both.
+test can cut and restore; `rejoin_node(name)` brings it back. `stop()` undoes both. `add_node(name, spec)`
+joins one more node, of a spec of its own (e.g. without RDT), while the cluster runs; `remove_node(name)`
+takes it out again, Node object included.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
 import kubernetes
 import yaml
 
+from rmd_api.node_state import lease_name
 from rmd_sim.control_plane import DEFAULT_CONTROLLERS, ControlPlane, find_bin_dir, repo_root
 from rmd_sim.netns import SUBNET, AgentNetwork
 from rmd_sim.netutil import free_port
@@ -40,6 +43,14 @@ RDT_LABEL = "feature.node.kubernetes.io/cpu-rdt.RDTL3CA"  # what node-feature-di
 # node lifecycle controller: it would evict the pods of simulated nodes, which renew no Lease.
 CONTROLLERS = (*DEFAULT_CONTROLLERS, "deployment-controller", "replicaset-controller")
 SYSTEM_NAMESPACE = "rmd-system"
+
+
+def _delete_if_present(delete: Callable[..., Any], *args: str) -> None:
+    try:
+        delete(*args)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 class OperatorProcessError(RuntimeError):
@@ -112,19 +123,53 @@ class SimCluster:
                 kubernetes.client.V1Namespace(metadata=kubernetes.client.V1ObjectMeta(name=SYSTEM_NAMESPACE))
             )
         for name in self.node_names:
-            self.nodes[name] = SimNode(
-                name,
-                self.workdir / name,
-                self.pki,
-                spec=self.spec,
-                kubeconfig=self.kubeconfig,
-                labels=self.labels,
-                node_state_namespace=SYSTEM_NAMESPACE,
-                agent_settings=self.agent_settings,
-                resctrl_process=self.resctrl_process,
-            )
+            self.nodes[name] = self._new_node(name, self.spec)
         await asyncio.gather(*(node.start() for node in self.nodes.values()))
         await self.start_operator()
+
+    def _new_node(self, name: str, spec: NodeSpec) -> SimNode:
+        return SimNode(
+            name,
+            self.workdir / name,
+            self.pki,
+            spec=spec,
+            kubeconfig=self.kubeconfig,
+            labels=self.labels,
+            node_state_namespace=SYSTEM_NAMESPACE,
+            agent_settings=self.agent_settings,
+            resctrl_process=self.resctrl_process,
+        )
+
+    async def add_node(self, name: str, spec: NodeSpec | None = None) -> SimNode:
+        """Join node `name` (of `spec`, else the cluster's) to the running cluster: its kubelet registers the
+        Node, its agent publishes its objects."""
+        if name in self.nodes:
+            raise ValueError(f"node {name} is already in the cluster")
+        node = self._new_node(name, spec or self.spec)
+        self.nodes[name] = node
+        try:
+            await node.start()
+        except BaseException:
+            del self.nodes[name]
+            await node.stop()
+            raise
+        self.node_names.append(name)
+        return node
+
+    async def remove_node(self, name: str) -> None:
+        """Stop node `name` and delete its Node (the garbage collector deletes the objects it owns: its
+        RmdNodeState and NodeResourceTopology) and its agent's heartbeat Lease, which has no owner."""
+        node = self.nodes.pop(name)
+        self.node_names.remove(name)
+        await node.stop()
+
+        def delete() -> None:
+            with self.api_client() as api:
+                core, leases = kubernetes.client.CoreV1Api(api), kubernetes.client.CoordinationV1Api(api)
+                _delete_if_present(core.delete_node, name)
+                _delete_if_present(leases.delete_namespaced_lease, lease_name(name), SYSTEM_NAMESPACE)
+
+        await asyncio.to_thread(delete)
 
     def operator_config(self) -> dict[str, Any]:
         return {

@@ -493,6 +493,12 @@ def _write_cgroups(spec: NodeSpec, tree: _Tree) -> None:
 # -- kubelet -----------------------------------------------------------------------------------------------
 
 
+def write_kubelet_config(spec: NodeSpec, out: Path) -> None:
+    """(Re)write only the kubelet config file of the tree at `out`, as an administrator edits it (tests change
+    a node's kubelet settings this way; the simulated kubelet keeps running as it was)."""
+    _write_kubelet(spec, _Tree(Path(out)))
+
+
 def _write_kubelet(spec: NodeSpec, tree: _Tree) -> None:
     config: dict[str, object] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import http.client
 import os
 import signal
@@ -67,12 +68,16 @@ class ClusterPki:
         path.chmod(0o600)
         return path
 
-    def agent_certs(self, node: str, directory: Path) -> tuple[Path, Path]:
-        """Node `node`'s agent serving certificate: for its node name, rmd-agent.<node> and loopback."""
+    def agent_certs(
+        self, node: str, directory: Path, validity: datetime.timedelta | None = None
+    ) -> tuple[Path, Path]:
+        """Node `node`'s agent serving certificate: for its node name, rmd-agent.<node> and loopback; valid a
+        year, or `validity`."""
         pair = self.ca.issue_server(
             f"rmd-agent.{node}",
             dns_names=[node, f"rmd-agent.{node}", "localhost"],
             ip_addresses=["127.0.0.1"],
+            validity=validity,
         )
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "tls.crt").write_bytes(pair.cert_pem)
@@ -129,6 +134,8 @@ class SimNode:
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "agent.log"
         self.network: AgentNetwork | None = None  # the agent's own network namespace, if any
+        # The lifetime of the serving certificate the agent gets at its next start (None: a year).
+        self.cert_validity: datetime.timedelta | None = None
 
     @property
     def agent_host(self) -> str:
@@ -149,7 +156,7 @@ class SimNode:
         return config
 
     def _agent_config(self) -> dict[str, Any]:
-        cert, key = self.pki.agent_certs(self.name, self.workdir / "tls")
+        cert, key = self.pki.agent_certs(self.name, self.workdir / "tls", self.cert_validity)
         return {
             "node_name": self.name,
             "host_root": str(self.root),
@@ -178,10 +185,11 @@ class SimNode:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if not self.root.exists():
             write_host_tree(self.spec, self.root)
-        if self.resctrl_process:
-            await asyncio.to_thread(self._start_mount_process)
-        else:
-            await asyncio.to_thread(self.mount.start)
+        if self.spec.resctrl_mounted:  # a node without resctrl (no RDT, or nobody mounted it) serves none
+            if self.resctrl_process:
+                await asyncio.to_thread(self._start_mount_process)
+            else:
+                await asyncio.to_thread(self.mount.start)
         if self.with_kubelet:
             self.kubelet = SimKubelet.from_host_tree(self.root, device_plugins=self.kubeconfig is not None)
             await self.kubelet.__aenter__()

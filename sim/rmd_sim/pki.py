@@ -87,12 +87,18 @@ class CertificateAuthority:
         return _key_pem(self._key)
 
     def issue_server(
-        self, common_name: str, *, dns_names: Iterable[str], ip_addresses: Iterable[str]
+        self,
+        common_name: str,
+        *,
+        dns_names: Iterable[str],
+        ip_addresses: Iterable[str],
+        validity: datetime.timedelta | None = None,
     ) -> KeyPair:
-        """A serving certificate valid for the given names (Go's TLS checks SANs only, never the CN)."""
+        """A serving certificate valid for the given names (Go's TLS checks SANs only, never the CN), for a
+        year or until `validity` from now (a short one makes a certificate about to expire)."""
         sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-        return self._issue(_name(common_name), ExtendedKeyUsageOID.SERVER_AUTH, sans)
+        return self._issue(_name(common_name), ExtendedKeyUsageOID.SERVER_AUTH, sans, validity or _VALIDITY)
 
     def issue_client(
         self,
@@ -109,7 +115,11 @@ class CertificateAuthority:
         return self._issue(_name(user, groups), ExtendedKeyUsageOID.CLIENT_AUTH, sans)
 
     def _issue(
-        self, subject: x509.Name, usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]
+        self,
+        subject: x509.Name,
+        usage: x509.ObjectIdentifier,
+        sans: list[x509.GeneralName],
+        validity: datetime.timedelta = _VALIDITY,
     ) -> KeyPair:
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
@@ -120,7 +130,7 @@ class CertificateAuthority:
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - _NOT_BEFORE_SLACK)
-            .not_valid_after(now + _VALIDITY)
+            .not_valid_after(now + validity)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(_key_usage(cert_sign=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)

@@ -50,6 +50,9 @@ from rmd_agent.settings import load_settings as load_agent_settings
 from rmd_api.agent_certs import NODE_ANNOTATION, NODE_NAME_EXTRA, SIGNER_NAME
 from rmd_operator.settings import OperatorSettings
 from rmd_operator.settings import load_settings as load_operator_settings
+from rmd_operator.validate.checks import validate
+from rmd_operator.validate.collect import Options, collect
+from rmd_operator.validate.context import build_context
 from rmd_sim.control_plane import BinariesNotFound, ControlPlane, find_bin_dir, repo_root
 
 Obj = dict[str, Any]
@@ -747,6 +750,69 @@ def test_every_rendered_object_is_stored_as_rendered(
         ).stdout
     )
     assert stored_deploy["spec"]["replicas"] == 1 and stored_deploy["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_rmdctl_recognises_what_the_chart_deploys(control_plane: ControlPlane, installed: Installed) -> None:
+    """`rmdctl validate` finds the chart's objects by their labels and contents: the operator's Deployment and
+    the agents' DaemonSet, the CA bundle the operator trusts and the name it expects of each agent (this
+    control plane runs no workload controllers: the Deployment never becomes available)."""
+    with control_plane.api_client() as api:
+        snapshot = collect(api, Options(installed.namespace, certificates=False))
+    context = build_context(snapshot)
+    assert context.operator is not None and context.agent_daemonset is not None
+    assert context.operator["metadata"]["name"] == installed.name("Deployment", "-operator")
+    assert context.agent_daemonset["metadata"]["name"] == installed.name("DaemonSet", "-agent")
+    assert context.server_name_pattern == f"{{node}}.rmd-agent.{installed.namespace}.svc"
+    ca = base64.b64decode(find(installed.docs, "Secret", installed.name("Secret", "-ca"))["data"]["tls.crt"])
+    assert context.ca_bundle is not None and ca.strip() in context.ca_bundle
+    findings = {f.check: f for f in validate(snapshot)}
+    assert findings["operator"].message.startswith("the operator is down: Deployment rmd-operator: 0/1")
+    assert "DaemonSet rmd-agent" in findings["agents"].message
+    assert not [f for f in findings.values() if f.check == "access"]  # an administrator reads everything
+
+
+def documented_validator_rbac(namespace: str) -> list[Obj]:
+    """The manifests of docs/validate.md ("What it may read"), for the release in `namespace`."""
+    text = (repo_root() / "docs" / "validate.md").read_text()
+    block = text.split("\n## What it may read (RBAC)\n", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    docs = [doc for doc in yaml.safe_load_all(block) if doc]
+    assert sorted(d["kind"] for d in docs) == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    for doc in docs:
+        if doc["kind"] in ("Role", "RoleBinding"):
+            doc["metadata"]["namespace"] = namespace
+    return docs
+
+
+def test_rmdctl_reads_everything_it_checks_with_the_documented_rights(
+    control_plane: ControlPlane, installed: Installed, tmp_path: Path
+) -> None:
+    """docs/validate.md's read-only rules are enough: as a member of its group, nothing is refused."""
+    docs = documented_validator_rbac(installed.namespace)
+    manifest = tmp_path / "validator.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    control_plane.kubectl("apply", "--server-side", "-f", str(manifest))
+    try:
+        group = next(d for d in docs if d["kind"] == "ClusterRoleBinding")["subjects"][0]["name"]
+        deadline = time.monotonic() + 30
+        while True:  # RBAC reaches the authorizer's cache asynchronously
+            api = control_plane.api_client()
+            api.set_default_header("Impersonate-User", "alice")
+            api.set_default_header("Impersonate-Group", group)
+            with api:
+                snapshot = collect(api, Options(installed.namespace))
+            if not snapshot.unreadable or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert snapshot.unreadable == {}
+        assert snapshot.crds and all(crd is not None for crd in snapshot.crds.values())
+        assert [d["metadata"]["name"] for d in snapshot.deployments] == ["rmd-operator"]
+        api = control_plane.api_client()
+        api.set_default_header("Impersonate-User", "bob")  # not in the group: every read refused
+        with api:
+            refused = collect(api, Options(installed.namespace))
+        assert "nodes" in refused.unreadable and f"leases in {installed.namespace}" in refused.unreadable
+    finally:
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(manifest), check=False)
 
 
 # -- the agent's identity: RBAC and the own-node policy -------------------------------------------------

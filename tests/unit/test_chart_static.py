@@ -197,9 +197,10 @@ def test_wao_crds_are_templated_behind_their_value() -> None:
 def test_sync_tool_reports_and_repairs_drift(tmp_path: Path) -> None:
     tool = load_sync_tool()
     source, chart = tmp_path / "crds", tmp_path / "chart"
+    expected = tmp_path / "expected_crds.py"
     shutil.copytree(REPO / "crds", source)
-    tool.sync(source, chart)
-    assert tool.differences(source, chart) == []
+    tool.sync(source, chart, expected)
+    assert tool.differences(source, chart, expected) == []
     assert sorted(p.name for p in (chart / "wao-crds").iterdir()) == [
         "nodeconfigs.wao.bitmedia.co.jp.yaml",
         "nodeconfigtemplates.wao.bitmedia.co.jp.yaml",
@@ -209,16 +210,38 @@ def test_sync_tool_reports_and_repairs_drift(tmp_path: Path) -> None:
     (chart / "crds" / "stale.yaml").write_text("kind: Old\n")
     (chart / "crds" / "nodeconfigs.wao.bitmedia.co.jp.yaml").write_text("kind: Misplaced\n")
     (source / "new.example.com.yaml").write_text("kind: New\n")
-    assert tool.differences(source, chart) == [
+    assert tool.differences(source, chart, expected) == [
         f"missing: {chart / 'crds' / 'new.example.com.yaml'}",
         f"differs: {chart / 'crds' / first}",
         f"not in {source}: {chart / 'crds' / 'nodeconfigs.wao.bitmedia.co.jp.yaml'}",
         f"not in {source}: {chart / 'crds' / 'stale.yaml'}",
     ]
-    tool.sync(source, chart)
-    assert tool.differences(source, chart) == []
+    tool.sync(source, chart, expected)
+    assert tool.differences(source, chart, expected) == []
     assert not (chart / "crds" / "stale.yaml").exists()
     assert not (chart / "crds" / "nodeconfigs.wao.bitmedia.co.jp.yaml").exists()
+
+
+def test_sync_tool_keeps_the_digests_rmdctl_expects(tmp_path: Path) -> None:
+    """A schema change in crds/ changes what `rmdctl validate` expects (expected_crds.py); --check says so."""
+    tool = load_sync_tool()
+    source, chart = tmp_path / "crds", tmp_path / "chart"
+    expected = tmp_path / "expected_crds.py"
+    shutil.copytree(REPO / "crds", source)
+    tool.sync(source, chart, expected)
+    crd_file = source / "rmdnodestates.intel.com.yaml"
+    crd = yaml.safe_load(crd_file.read_text())
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["extra"] = {
+        "type": "string"
+    }
+    crd_file.write_text(yaml.safe_dump(crd))
+    shutil.copyfile(crd_file, chart / "crds" / crd_file.name)
+    assert tool.differences(source, chart, expected) == [f"differs: {expected}"]
+    before = expected.read_text()
+    tool.sync(source, chart, expected)
+    assert tool.differences(source, chart, expected) == []
+    changed = [line for line in expected.read_text().splitlines() if line not in before.splitlines()]
+    assert len(changed) == 1 and '"rmdnodestates.intel.com": ("v1alpha1", {"v1alpha1": ' in changed[0]
 
 
 def test_chart_app_version_is_the_distribution_version() -> None:

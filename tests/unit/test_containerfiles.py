@@ -223,6 +223,21 @@ def test_entrypoint_and_ports_match_the_chart(image: str) -> None:
     assert exposed == set(values[image]["ports"].values())
 
 
+@pytest.mark.parametrize("image", sorted(IMAGES))
+def test_no_console_script_of_a_package_the_image_lacks(image: str) -> None:
+    """pip installs every console script of pyproject.toml; one whose package is not copied in (rmdctl and
+    rmd-operator in the agent image) would fail with ModuleNotFoundError, so the build removes it."""
+    _, stages = parse(IMAGES[image])
+    runs = " ".join(r for stage in stages for r in stage.all("RUN"))
+    removed = set(re.findall(r"rm (?:-f )?((?:/opt/rmd/bin/\S+ ?)+)", runs))
+    removed_scripts = {path.rsplit("/", 1)[1] for group in removed for path in group.split()}
+    packages = {source.rsplit("/", 1)[1] for source in SOURCES[image]}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    lacking = {name for name, target in project["scripts"].items() if target.split(".")[0] not in packages}
+    assert lacking, "every image lacks some package's scripts"
+    assert removed_scripts == lacking
+
+
 def lock_entries() -> dict[str, tuple[str, list[str]]]:
     """name -> (version, hashes) from image-requirements.txt."""
     text = LOCK.read_text().replace("\\\n", " ")
@@ -300,11 +315,25 @@ def test_image_builds_and_runs(image: str) -> None:
                 "--print-config",
             )
             assert json.loads(printed)["agent_server_name"] == "rmd-agent.{node}"
-        # Only the venv's own programs: the other component's script and the build tools are gone.
+            usage = _run(
+                "buildah",
+                "run",
+                "--isolation",
+                "chroot",
+                "--user",
+                "65532:65532",
+                container,
+                "--",
+                "rmdctl",
+                "-h",
+            )
+            assert "validate" in usage  # rmdctl comes with the operator's package
+        # Only the venv's own programs: the other component's scripts and the build tools are gone.
         programs = set(
             _run("buildah", "run", "--isolation", "chroot", container, "--", "ls", "/opt/rmd/bin").split()
         )
         other = "operator" if image == "agent" else "agent"
         assert f"rmd-{image}" in programs and f"rmd-{other}" not in programs and "pip" not in programs
+        assert ("rmdctl" in programs) is (image == "operator")
     finally:
         _run("buildah", "rm", container)

@@ -8,7 +8,7 @@ import yaml
 
 from rmd_api.cpuset import parse_cpu_list, parse_cpu_mask
 from rmd_sim.cli import main
-from rmd_sim.hosttree import MAX_ENERGY_RANGE_UJ, rapl_zones, write_host_tree
+from rmd_sim.hosttree import MAX_ENERGY_RANGE_UJ, rapl_zones, write_host_tree, write_kubelet_config
 from rmd_sim.resctrl import check_resctrl_tree, format_cpu_mask
 from rmd_sim.spec import NodeSpec, read_tree_spec
 
@@ -287,6 +287,18 @@ def test_cgroupfs_v2_names(tmp_path: Path) -> None:
     root = build(tmp_path, cgroup_driver="cgroupfs", reserved_cpus="")
     assert (root / "sys/fs/cgroup/kubepods/burstable").is_dir()
     assert "reservedSystemCPUs" not in yaml.safe_load(read(root, "var/lib/kubelet/config.yaml"))
+
+
+def test_the_kubelet_config_is_rewritten_alone(tmp_path: Path) -> None:
+    """As an administrator edits a node's kubelet config (tests change a node's policies this way)."""
+    root = build(tmp_path)
+    cpuinfo = read(root, "proc/cpuinfo")
+    changed = dataclasses.replace(SMALL, cpu_manager_policy="none", topology_manager_policy="best-effort")
+    write_kubelet_config(changed, root)
+    config = yaml.safe_load(read(root, "var/lib/kubelet/config.yaml"))
+    assert (config["cpuManagerPolicy"], config["topologyManagerPolicy"]) == ("none", "best-effort")
+    assert read(root, "proc/cpuinfo") == cpuinfo
+    assert read_tree_spec(root) == SMALL  # the tree's spec is what it was built from
 
 
 def test_refuses_to_overwrite(tmp_path: Path) -> None:
