@@ -50,6 +50,12 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _list(doc: Mapping[str, Any], field: str) -> list[Any]:
+    """An array field; [] when absent or not an array (a BMC's answer is not trusted to be well formed)."""
+    value = doc.get(field)
+    return value if isinstance(value, list) else []
+
+
 def _enabled(entry: Mapping[str, Any]) -> bool:
     status = entry.get("Status")
     state = status.get("State") if isinstance(status, Mapping) else None
@@ -66,7 +72,7 @@ def link(doc: Mapping[str, Any], field: str) -> str | None:
 def members(doc: Mapping[str, Any]) -> list[str]:
     """The member paths of a Redfish collection."""
     out = []
-    for member in doc.get("Members") or []:
+    for member in _list(doc, "Members"):
         target = member.get("@odata.id") if isinstance(member, Mapping) else None
         if isinstance(target, str) and target:
             out.append(target)
@@ -80,7 +86,7 @@ def intake_from_thermal_metrics(doc: Mapping[str, Any]) -> float:
         value = _number(summary[INTAKE].get("Reading"))
         if value is not None:
             return value
-    for entry in doc.get("TemperatureReadingsCelsius") or []:
+    for entry in _list(doc, "TemperatureReadingsCelsius"):
         if isinstance(entry, Mapping) and entry.get("PhysicalContext") == INTAKE:
             value = _number(entry.get("Reading"))
             if value is not None:
@@ -92,7 +98,7 @@ def intake_from_thermal_metrics(doc: Mapping[str, Any]) -> float:
 
 def intake_from_thermal(doc: Mapping[str, Any]) -> float:
     """Legacy Chassis Thermal: the first enabled Temperatures[] entry with PhysicalContext Intake."""
-    for entry in doc.get("Temperatures") or []:
+    for entry in _list(doc, "Temperatures"):
         if isinstance(entry, Mapping) and entry.get("PhysicalContext") == INTAKE and _enabled(entry):
             value = _number(entry.get("ReadingCelsius"))
             if value is not None:
@@ -112,7 +118,7 @@ def read_inlet(path: InletPath, doc: Mapping[str, Any]) -> float:
         if value is None:
             raise _bad(f"{path.path}: no numeric Reading")
         return value
-    for entry in doc.get("Temperatures") or []:
+    for entry in _list(doc, "Temperatures"):
         if isinstance(entry, Mapping) and entry.get("Name") == path.name:
             value = _number(entry.get("ReadingCelsius"))
             if value is not None:
