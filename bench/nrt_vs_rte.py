@@ -690,7 +690,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 our_contender(workdir, root, control_plane.kubeconfig),
                 rte_contender(binary, workdir, root, control_plane.kubeconfig, spec, notify=True),
                 rte_contender(binary, workdir, root, control_plane.kubeconfig, spec, notify=False),
-            ]
+            ][: args.contenders]
             with control_plane.api_client() as api:
                 core = kubernetes.client.CoreV1Api(api)
                 for c in contenders:
@@ -789,6 +789,9 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=60.0, help="seconds of idle measured")
     parser.add_argument("--repeat", type=int, default=1, help="repetitions; figures are their medians")
     parser.add_argument("--rte-version", default=RTE_VERSION)
+    parser.add_argument(
+        "--contenders", type=int, choices=(2, 3), default=3, help="2: leave out RTE periodic-only (quicker)"
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy our agent in idle and churn")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
