@@ -348,3 +348,18 @@ async def test_a_refresh_whose_inputs_did_not_change_computes_nothing(
     assert changed != first and len(reads) == 1
     verified = await exp.snapshot(kubelet)  # type: ignore[arg-type]
     assert verified == changed and len(reads) == 2
+
+
+async def test_engine_provider_asks_for_the_caches_alone_where_the_engine_can() -> None:
+    """The node summary also probes the node's capabilities, most of its cost, at every resync; the cache
+    ways need the caches only."""
+
+    class CachesOnly(FakeEngine):
+        async def node(self) -> NodeSummary:
+            raise AssertionError("node() probes the capabilities")
+
+        async def cache_domains(self) -> tuple[CacheDomainSummary, ...]:
+            return self.caches
+
+    engine = CachesOnly((CacheDomainSummary(0, frozenset({0, 1}), 11, {"guaranteed": 3}),))
+    assert await engine_l3_provider(engine)() == [CacheWays(0, frozenset({0, 1}), 11, 3)]  # type: ignore[arg-type]
