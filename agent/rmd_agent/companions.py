@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, ManagedEngine, NodeSummary
+from rmd_agent.engine_api import (
+    AppliedWorkload,
+    CacheDomainSummary,
+    ContainerCpus,
+    ManagedEngine,
+    NodeSummary,
+)
 from rmd_agent.hostfs import HostFS
 from rmd_agent.kube import api_client_factory, create_api_client
 from rmd_agent.metrics.rdt_collector import RdtCollector
@@ -84,6 +90,15 @@ class NotifyingEngine:
             if self._summary is cached:
                 self._summary = None  # a failed reading is not kept
             raise
+
+    async def cache_domains(self) -> tuple[CacheDomainSummary, ...]:
+        """The node's caches without its capabilities (engine.NodeEngine.cache_domains); from the summary
+        for engines that cannot give them alone."""
+        domains = getattr(self.inner, "cache_domains", None)
+        if domains is None:
+            return (await self.node()).caches
+        caches: tuple[CacheDomainSummary, ...] = await domains()
+        return caches
 
     async def container_cpus(self, namespace: str, pod: str, uid: str, container: str) -> ContainerCpus:
         return await self.inner.container_cpus(namespace, pod, uid, container)

@@ -252,10 +252,29 @@ class NodeEngine:
     async def node(self) -> NodeSummary:
         self._require_started()
         capabilities = await self.capabilities.current()
+        resctrl, inventory, caches = await self._caches()
+        return NodeSummary(
+            node_name=self.settings.node_name,
+            capabilities=capabilities,
+            cpus=len(self.facts.cpus),
+            numa_nodes=self.facts.numa_nodes,
+            caches=caches,
+            closids_total=inventory.num_closids,
+            closids_used=0 if resctrl is None else 1 + len(resctrl.groups),
+            workloads=len(self._state.workloads),
+        )
+
+    async def cache_domains(self) -> tuple[CacheDomainSummary, ...]:
+        """The caches of node() without the capabilities, whose probe is most of node()'s cost: what the
+        NodeResourceTopology's cache ways need."""
+        self._require_started()
+        return (await self._caches())[2]
+
+    async def _caches(self) -> tuple[ResctrlState | None, NodeInventory, tuple[CacheDomainSummary, ...]]:
         current = await asyncio.to_thread(read_resctrl, self.fs)
         resctrl = None if isinstance(current, Unsupported) else current
         inventory = self._inventory(resctrl)
-        caches = [
+        caches = tuple(
             CacheDomainSummary(
                 cache.id,
                 cache.cpus,
@@ -263,17 +282,8 @@ class NodeEngine:
                 free_ways(self._layout, inventory, cache.id) if self._layout is not None else {},
             )
             for cache in self.facts.caches
-        ]
-        return NodeSummary(
-            node_name=self.settings.node_name,
-            capabilities=capabilities,
-            cpus=len(self.facts.cpus),
-            numa_nodes=self.facts.numa_nodes,
-            caches=tuple(caches),
-            closids_total=inventory.num_closids,
-            closids_used=0 if resctrl is None else 1 + len(resctrl.groups),
-            workloads=len(self._state.workloads),
         )
+        return resctrl, inventory, caches
 
     async def container_cpus(self, namespace: str, pod: str, uid: str, container: str) -> ContainerCpus:
         self._require_started()

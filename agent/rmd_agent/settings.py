@@ -122,7 +122,8 @@ class AgentSettings:
     nrt_poll_seconds: float = field(
         default=2.0,
         metadata={
-            "help": "PodResources List polling interval (and kubelet state file polling without inotify)"
+            "help": "polling interval of the NodeResourceTopology triggers where inotify cannot be used "
+            "(and of PodResources List where the kubelet's pod cgroups cannot be found)"
         },
     )
     nrt_exclude: tuple[str, ...] = field(

@@ -177,6 +177,24 @@ async def test_list_reports_only_exclusive_cpus_of_guaranteed_integer_containers
         assert [c.cpu_ids for c in pods[name].containers] == [frozenset()], name
 
 
+async def test_an_unchanged_list_is_not_converted_again(
+    kubelet: SimKubelet, client: PodResourcesClient
+) -> None:
+    """Converting 500 pods into dataclasses was most of a refresh's CPU: the same answer gives the same
+    objects, and after a change only the pods that changed are new."""
+    kubelet.add_pod("ns", "a", "uid-a", [guaranteed("c", "1")])
+    kubelet.add_pod("ns", "b", "uid-b", [ContainerSpec("c")])
+    first = by_name(await client.list())
+    again = by_name(await client.list())
+    assert all(again[name] is first[name] for name in first)
+    kubelet.add_pod("ns", "c", "uid-c", [ContainerSpec("c")])
+    third = by_name(await client.list())
+    assert third["a"] is first["a"] and third["b"] is first["b"]
+    assert third["c"] == PodResources("ns", "c", (dataclasses.replace(third["c"].containers[0]),))
+    kubelet.remove_pod("uid-a")
+    assert sorted(by_name(await client.list())) == ["b", "c"]
+
+
 async def test_list_drops_removed_pods_and_their_cpus_return_to_the_pool(
     kubelet: SimKubelet, client: PodResourcesClient
 ) -> None:

@@ -18,10 +18,13 @@ from rmd_agent.cache_ways import Holding
 from rmd_agent.engine_api import CacheDomainSummary, NodeSummary
 from rmd_agent.errors import ConfigError
 from rmd_agent.hostfs import HostFS
-from rmd_agent.kubelet.podresources import AllocatableResources, PodResources
+from rmd_agent.kubelet.podresources import AllocatableResources, ContainerResources, PodResources
+from rmd_agent.nrt import exporter as exporter_module
+from rmd_agent.nrt import fingerprint
 from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider, sysfs_l3_provider
 from rmd_agent.nrt.zones import CacheWays, NodeTopology
 from rmd_agent.settings import AgentSettings
+from rmd_sim.kubelet import write_atomically
 
 
 class FakeKubelet:
@@ -71,8 +74,22 @@ async def until(condition: Callable[[], bool], within: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def run_loop(exp: NrtExporter, publisher: FakePublisher) -> asyncio.Task[None]:
-    return asyncio.create_task(exp._loop(FakeKubelet(), publisher))  # type: ignore[arg-type]
+class ChangingKubelet(FakeKubelet):
+    """A different List answer at every call, so that every refresh has something to publish (a refresh
+    whose inputs did not change publishes nothing)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def list(self) -> list[PodResources]:
+        self.calls += 1
+        return [PodResources("ns", f"pod-{self.calls}", (ContainerResources("c", frozenset({1})),))]
+
+
+async def run_loop(
+    exp: NrtExporter, publisher: FakePublisher, kubelet: FakeKubelet | None = None
+) -> asyncio.Task[None]:
+    return asyncio.create_task(exp._loop(kubelet or FakeKubelet(), publisher))  # type: ignore[arg-type]
 
 
 async def stop(exp: NrtExporter, task: asyncio.Task[None]) -> None:
@@ -83,7 +100,7 @@ async def stop(exp: NrtExporter, task: asyncio.Task[None]) -> None:
 async def test_a_burst_of_triggers_is_one_refresh_after_the_interval(host: Path) -> None:
     exp = exporter(host, nrt_min_write_interval_seconds=0.3, nrt_resync_seconds=600.0)
     publisher = FakePublisher()
-    task = await run_loop(exp, publisher)
+    task = await run_loop(exp, publisher, ChangingKubelet())
     try:
         await until(lambda: len(publisher.calls) == 1)
         for _ in range(20):
@@ -99,7 +116,7 @@ async def test_a_burst_of_triggers_is_one_refresh_after_the_interval(host: Path)
 async def test_refreshes_are_never_closer_than_the_interval(host: Path) -> None:
     exp = exporter(host, nrt_min_write_interval_seconds=0.1, nrt_resync_seconds=600.0)
     publisher = FakePublisher()
-    task = await run_loop(exp, publisher)
+    task = await run_loop(exp, publisher, ChangingKubelet())
     try:
         deadline = time.monotonic() + 0.7
         while time.monotonic() < deadline:
@@ -198,3 +215,151 @@ async def test_sysfs_provider_reports_every_way_free(make_tree: Callable[[Mappin
             base + "size": "16384K\n",
         }
     assert await sysfs_l3_provider(HostFS(make_tree(files)))() == [CacheWays(0, frozenset({0, 1}), 12, 12)]
+
+
+# --- what wakes the exporter up, and what a refresh reads (issue 14: idle cost, one refresh per change) ---
+
+POD_UID = "6f1d2c9e-7d3a-4f0a-9b1e-3c2d4e5f6a7b"
+
+
+class CountingKubelet(FakeKubelet):
+    """PodResources answering `pods`, counting List calls."""
+
+    def __init__(self) -> None:
+        self.pods: list[PodResources] = []
+        self.lists = 0
+
+    async def list(self) -> list[PodResources]:
+        self.lists += 1
+        return list(self.pods)
+
+
+@pytest.fixture
+def node_host(make_tree: Callable[[Mapping[str, str]], Path]) -> Path:
+    """One NUMA node, the kubelet's directory, a cgroup v2 pod root (systemd driver) and the pod logs."""
+    return make_tree(
+        {
+            "sys/devices/system/node/node0/cpulist": "0-1\n",
+            "sys/devices/system/node/node0/meminfo": "Node 0 MemTotal:  1048576 kB\n",
+            "sys/devices/system/node/node0/distance": "10\n",
+            "sys/fs/cgroup/cgroup.controllers": "cpu\n",
+            "sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/cgroup.procs": "",
+            "sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice/cgroup.procs": "",
+            "var/lib/kubelet/cpu_manager_state": "{}",
+            "var/log/pods/.keep": "",
+        }
+    )
+
+
+async def running(
+    exp: NrtExporter, kubelet: FakeKubelet, monkeypatch: pytest.MonkeyPatch
+) -> tuple[asyncio.Task[None], FakePublisher]:
+    """The whole exporter (its triggers too) with `kubelet` and a fake publisher, after its first refresh."""
+    publisher = FakePublisher()
+    monkeypatch.setattr(exporter_module, "NrtPublisher", lambda api, node: publisher)
+    exp._pods = kubelet  # type: ignore[assignment]
+    task = asyncio.create_task(exp.run())
+    await until(lambda: exp.refreshes >= 1)
+    await asyncio.sleep(0.2)  # the watches are set up
+    return task, publisher
+
+
+async def test_an_idle_exporter_asks_the_kubelet_nothing(
+    node_host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing changes, so nothing is read: no PodResources List polling (it was most of the idle CPU)."""
+    exp = exporter(
+        node_host, nrt_poll_seconds=0.02, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=600
+    )
+    kubelet = CountingKubelet()
+    task, _ = await running(exp, kubelet, monkeypatch)
+    try:
+        before = kubelet.lists
+        await asyncio.sleep(0.5)  # 25 poll intervals
+        assert kubelet.lists == before
+        assert exp.refreshes == 1
+    finally:
+        await stop(exp, task)
+
+
+async def test_a_kubelet_change_is_refreshed_once(node_host: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state file the kubelet replaces wakes the exporter, which reads List once; nothing refreshes the
+    same change again a poll later (it did, using up the write interval the next change then waited for)."""
+    exp = exporter(
+        node_host, nrt_poll_seconds=0.05, nrt_min_write_interval_seconds=0.1, nrt_resync_seconds=600
+    )
+    kubelet = CountingKubelet()
+    task, _ = await running(exp, kubelet, monkeypatch)
+    try:
+        before = exp.refreshes
+        kubelet.pods = [PodResources("ns", "pinned", (ContainerResources("c", frozenset({1})),))]
+        write_atomically(node_host / "var/lib/kubelet/cpu_manager_state", '{"entries": 1}')
+        await until(lambda: exp.refreshes == before + 1)
+        await asyncio.sleep(0.5)
+        assert exp.refreshes == before + 1
+        assert exp.last_topology is not None and exp.last_topology.zones[0].resources[0].available == 1
+    finally:
+        await stop(exp, task)
+
+
+async def test_a_pod_cgroup_and_log_directory_appearing_refresh_the_fingerprint(
+    node_host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Guaranteed pod without exclusive CPUs changes no state file; its class shows when the kubelet makes
+    its cgroup and log directory, which are watched (no polling: the poll interval is an hour here)."""
+    exp = exporter(
+        node_host, nrt_poll_seconds=3600, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=3600
+    )
+    kubelet = CountingKubelet()
+    kubelet.pods = [PodResources("ns", "half", (ContainerResources("c", frozenset()),))]
+    task, _ = await running(exp, kubelet, monkeypatch)
+    try:
+        assert exp.last_topology is not None
+        empty = exp.last_topology.attribute(fingerprint.ATTRIBUTE)
+        (node_host / f"sys/fs/cgroup/kubepods.slice/kubepods-pod{POD_UID.replace('-', '_')}.slice").mkdir()
+        (node_host / f"var/log/pods/ns_half_{POD_UID}").mkdir()
+        expected = fingerprint.fingerprint([("ns", "half")])
+        await until(
+            lambda: (
+                exp.last_topology is not None
+                and exp.last_topology.attribute(fingerprint.ATTRIBUTE) == expected
+            )
+        )
+        assert empty != expected
+    finally:
+        await stop(exp, task)
+
+
+async def test_a_refresh_whose_inputs_did_not_change_computes_nothing(
+    node_host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sysfs NUMA nodes are read at a verifying refresh only; the same inputs give the same topology object,
+    which needs no publishing."""
+    reads: list[int] = []
+    real = exporter_module.read_numa_nodes
+    monkeypatch.setattr(exporter_module, "read_numa_nodes", lambda fs: reads.append(1) or real(fs))
+    exp = exporter(node_host)
+    kubelet = CountingKubelet()
+    first = await exp.snapshot(kubelet)  # type: ignore[arg-type]
+    again = await exp.snapshot(kubelet, reasons=frozenset({"kubelet-state:cpu_manager_state"}))  # type: ignore[arg-type]
+    assert again is first and len(reads) == 1
+    kubelet.pods = [PodResources("ns", "pinned", (ContainerResources("c", frozenset({1})),))]
+    changed = await exp.snapshot(kubelet, reasons=frozenset({"kubelet-state:cpu_manager_state"}))  # type: ignore[arg-type]
+    assert changed != first and len(reads) == 1
+    verified = await exp.snapshot(kubelet)  # type: ignore[arg-type]
+    assert verified == changed and len(reads) == 2
+
+
+async def test_engine_provider_asks_for_the_caches_alone_where_the_engine_can() -> None:
+    """The node summary also probes the node's capabilities, most of its cost, at every resync; the cache
+    ways need the caches only."""
+
+    class CachesOnly(FakeEngine):
+        async def node(self) -> NodeSummary:
+            raise AssertionError("node() probes the capabilities")
+
+        async def cache_domains(self) -> tuple[CacheDomainSummary, ...]:
+            return self.caches
+
+    engine = CachesOnly((CacheDomainSummary(0, frozenset({0, 1}), 11, {"guaranteed": 3}),))
+    assert await engine_l3_provider(engine)() == [CacheWays(0, frozenset({0, 1}), 11, 3)]  # type: ignore[arg-type]

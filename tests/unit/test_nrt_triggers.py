@@ -12,7 +12,13 @@ import pytest
 from rmd_agent.errors import KubeletUnavailable
 from rmd_agent.kubelet.podresources import ContainerResources, PodResources
 from rmd_agent.nrt import triggers
-from rmd_agent.nrt.triggers import RefreshTrigger, poll_pod_qos, poll_pod_resources, watch_kubelet_state
+from rmd_agent.nrt.triggers import (
+    RefreshTrigger,
+    poll_pod_qos,
+    poll_pod_resources,
+    watch_kubelet_state,
+    watch_pod_directories,
+)
 from rmd_sim.kubelet import write_atomically
 
 POLL = 0.05
@@ -95,6 +101,29 @@ async def test_a_missing_kubelet_directory_is_waited_for(tmp_path: Path) -> None
         trigger.take()
         write_atomically(kubelet / "cpu_manager_state", '{"x": 1}')
         assert "kubelet-state:cpu_manager_state" in await fired(trigger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_pod_directories_fire_when_an_entry_comes_or_goes(tmp_path: Path) -> None:
+    """A pod's cgroup or log directory appearing or going fires "pods"; what happens inside one does not."""
+    logs, cgroups = tmp_path / "var/log/pods", tmp_path / "kubepods.slice"
+    logs.mkdir(parents=True)
+    cgroups.mkdir()
+    trigger = RefreshTrigger()
+    task = asyncio.create_task(watch_pod_directories([logs, cgroups], trigger, NO_POLL))
+    try:
+        await asyncio.sleep(0.1)
+        trigger.take()
+        (logs / "ns_a_uid").mkdir()
+        assert {r.split(":")[0] for r in await fired(trigger)} == {"pods"}
+        (logs / "ns_a_uid" / "c").mkdir()  # a container's log directory inside the pod's: not a pod
+        await quiet(trigger)
+        (cgroups / "kubepods-poduid.slice").mkdir()
+        await fired(trigger)
+        (cgroups / "kubepods-poduid.slice").rmdir()
+        await fired(trigger)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -10,6 +10,11 @@ Errors: every call has a deadline. An unreachable socket or a missed deadline ra
 any other failed call raises PodResourcesCallFailed (also a KubeletUnavailable, carrying the gRPC status).
 `get()` returns None for a pod the kubelet does not know, instead of raising, and raises GetUnavailable when
 the kubelet does not offer Get at all (rmd_agent.kubelet.pod_lookup then falls back to `list()`).
+
+Turning a List answer of hundreds of pods into dataclasses costs far more CPU than the call itself, so
+`list()` and `get_allocatable()` keep their last answer: the same bytes give the same objects without
+parsing, and a pod whose message did not change keeps its object (the dataclasses are frozen, so sharing
+them is safe). Callers can tell "nothing changed" by identity.
 """
 
 from __future__ import annotations
@@ -121,6 +126,10 @@ class PodResourcesClient:
         self.timeout = timeout
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None  # the generated stub is untyped
+        self._raw: dict[str, Any] = {}  # method -> its call answering undecoded bytes
+        self._last_list: tuple[bytes, list[PodResources]] | None = None
+        self._pods_by_message: dict[bytes, PodResources] = {}
+        self._last_allocatable: tuple[bytes, AllocatableResources] | None = None
 
     async def __aenter__(self) -> Self:
         self._channel = grpc.aio.insecure_channel(
@@ -128,6 +137,17 @@ class PodResourcesClient:
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
         self._stub = _STUB_CLASS(self._channel)
+        self._raw = {
+            method: self._channel.unary_unary(
+                f"/v1.PodResourcesLister/{method}",
+                request_serializer=request.SerializeToString,
+                response_deserializer=None,  # bytes: compared before anything is parsed
+            )
+            for method, request in (
+                ("List", api_pb2.ListPodResourcesRequest),
+                ("GetAllocatableResources", api_pb2.AllocatableResourcesRequest),
+            )
+        }
         return self
 
     async def __aexit__(
@@ -140,20 +160,39 @@ class PodResourcesClient:
             await self._channel.close(grace=None)
         self._channel = None
         self._stub = None
+        self._raw = {}
 
     async def list(self) -> list[PodResources]:
-        """Exclusive resources of every active pod on the node."""
-        response = await self._call("List", api_pb2.ListPodResourcesRequest())
-        return [_pod(p) for p in response.pod_resources]
+        """Exclusive resources of every active pod on the node (objects reused while unchanged)."""
+        raw: bytes = await self._call("List", api_pb2.ListPodResourcesRequest(), raw=True)
+        if self._last_list is not None and self._last_list[0] == raw:
+            return list(self._last_list[1])
+        known, fresh = self._pods_by_message, {}
+        pods = []
+        for message in api_pb2.ListPodResourcesResponse.FromString(raw).pod_resources:
+            key = message.SerializeToString(deterministic=True)
+            pod = known.get(key) or _pod(message)
+            fresh[key] = pod
+            pods.append(pod)
+        self._pods_by_message = fresh
+        self._last_list = (raw, pods)
+        return list(pods)
 
     async def get_allocatable(self) -> AllocatableResources:
         """What the kubelet may hand out: CPUs minus the reserved set, healthy devices, allocatable memory."""
-        response = await self._call("GetAllocatableResources", api_pb2.AllocatableResourcesRequest())
-        return AllocatableResources(
+        raw: bytes = await self._call(
+            "GetAllocatableResources", api_pb2.AllocatableResourcesRequest(), raw=True
+        )
+        if self._last_allocatable is not None and self._last_allocatable[0] == raw:
+            return self._last_allocatable[1]
+        response = api_pb2.AllocatableResourcesResponse.FromString(raw)
+        allocatable = AllocatableResources(
             cpu_ids=frozenset(response.cpu_ids),
             devices=_devices(response.devices),
             memory=_memory(response.memory),
         )
+        self._last_allocatable = (raw, allocatable)
+        return allocatable
 
     async def get(self, namespace: str, name: str) -> PodResources | None:
         """One pod's resources, or None if the kubelet has no such pod.
@@ -175,11 +214,12 @@ class PodResourcesClient:
             raise
         return _pod(response.pod_resources)
 
-    async def _call(self, method: str, request: Any) -> Any:
+    async def _call(self, method: str, request: Any, *, raw: bool = False) -> Any:
         if self._stub is None:
             raise RuntimeError("PodResourcesClient used outside `async with`")
         try:
-            return await getattr(self._stub, method)(request, timeout=self.timeout)
+            call = self._raw[method] if raw else getattr(self._stub, method)
+            return await call(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             where = f"kubelet PodResources {method} on {self.socket_path}"

@@ -10,11 +10,16 @@ A refresh reads sysfs (NUMA nodes), the kubelet config (topology manager policy 
 with-exclusive-resources pod fingerprint, the pods' QoS classes (nrt/pod_qos.py), computes the object
 (nrt/zones.py, nrt/fingerprint.py) and hands it to the publisher, which writes only if the content changed.
 
-Refreshes happen on a kubelet state file change, a PodResources change or a change of the pods' QoS classes
-(nrt/triggers.py), on a periodic resync (`nrt_resync_seconds`, which also re-reads the API object to recreate
-or repair it), and after a failure (with backoff). Triggers that fire while a refresh waits or runs are
-coalesced into the next one, and refreshes are at least `nrt_min_write_interval_seconds` apart, which bounds
-the write rate.
+Refreshes happen on a kubelet state file change or a pod directory coming or going (nrt/triggers.py), on a
+poke (the engine changed cache allocations), on a periodic resync (`nrt_resync_seconds`, which also re-reads
+the API object to recreate or repair it), and after a failure (with backoff). Triggers that fire while a
+refresh waits or runs are coalesced into the next one, and refreshes are at least
+`nrt_min_write_interval_seconds` apart, which bounds the write rate.
+
+A refresh reads again only what its reasons may have changed (`stale_inputs`): PodResources always (the
+client reuses the objects of an unchanged answer), the pods' QoS classes after a pod directory event, the
+L3 provider after a poke, sysfs NUMA nodes only at a resync; the kubelet config when its file changed.
+When nothing it read changed, the last topology is kept and nothing is computed or published.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from typing import Any
 
 from rmd_agent.cache_ways import guaranteed_pools
@@ -33,9 +39,15 @@ from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.config import KubeletConfig, read_kubelet_config
 from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient, pod_resources_client
 from rmd_agent.nrt import fingerprint
-from rmd_agent.nrt.pod_qos import KubeletPodQoS
+from rmd_agent.nrt.pod_qos import KubeletPodQoS, pod_directories
 from rmd_agent.nrt.publisher import NrtPublisher
-from rmd_agent.nrt.triggers import RefreshTrigger, poll_pod_qos, poll_pod_resources, watch_kubelet_state
+from rmd_agent.nrt.triggers import (
+    RefreshTrigger,
+    poll_pod_qos,
+    poll_pod_resources,
+    watch_kubelet_state,
+    watch_pod_directories,
+)
 from rmd_agent.nrt.zones import (
     ATTRIBUTE_TM_POLICY,
     ATTRIBUTE_TM_SCOPE,
@@ -44,7 +56,7 @@ from rmd_agent.nrt.zones import (
     compute_zones,
 )
 from rmd_agent.observe.caches import read_l3_caches
-from rmd_agent.observe.numa import read_numa_nodes
+from rmd_agent.observe.numa import NumaNode, read_numa_nodes
 from rmd_agent.power.cgroup_paths import QoS
 from rmd_agent.settings import AgentSettings
 
@@ -95,13 +107,49 @@ def engine_l3_provider(engine: Engine) -> L3Provider:
     """
 
     async def provide() -> Sequence[CacheWays]:
-        summary = await engine.node()
+        # The real engines give their caches alone: the node summary's capability probe is most of its cost.
+        domains = getattr(engine, "cache_domains", None)
+        caches = await domains() if domains is not None else (await engine.node()).caches
         return [
             CacheWays(p.cache_id, p.cpus, p.cache_ways, p.size, p.workloads)
-            for p in guaranteed_pools(summary.caches, await engine.list())
+            for p in guaranteed_pools(caches, await engine.list())
         ]
 
     return provide
+
+
+# Inputs of a refresh that are not read at every refresh (PodResources always is).
+NUMA, QOS, L3 = "numa", "qos", "l3"
+EVERYTHING = frozenset({NUMA, QOS, L3})
+
+
+def stale_inputs(reasons: Collection[str] | None, poked: bool) -> frozenset[str]:
+    """What a refresh must read again. `reasons` None: a verifying refresh (start, resync, after a failure)
+    reads everything. A pod directory event or a List or QoS change seen by polling may bring pods whose QoS
+    class is new; a poke (the engine changed allocations) changes the cache ways, and is read as a reason
+    to look at the pods again too. sysfs (NUMA nodes, memory, hugepages) changes only with the machine's
+    configuration, which the next resync picks up."""
+    if reasons is None:
+        return EVERYTHING
+    stale = {QOS, L3} if poked else set()
+    if any(r.startswith("pod") for r in reasons):  # pods:<dir>, pod-qos, podresources(:recovered)
+        stale.add(QOS)
+    if any(r.endswith((":layout", ":overflow")) for r in reasons):  # something may have been missed
+        stale |= {QOS, L3}
+    return frozenset(stale)
+
+
+def _same(a: Sequence[object], b: Sequence[object]) -> bool:
+    """Whether two input tuples hold the very same objects (lists compared item by item)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, list) and isinstance(y, list):
+            if len(x) != len(y) or any(i is not j for i, j in zip(x, y, strict=True)):
+                return False
+        elif x is not y:
+            return False
+    return True
 
 
 def topology_attributes(config: KubeletConfig, pfp: str, method: str) -> dict[str, str]:
@@ -148,6 +196,13 @@ class NrtExporter:
         self.pod_qos = KubeletPodQoS(self.fs, settings.kubelet_config) if exclusive else None
         self._qos_problems: tuple[str, ...] = ()
         self._qos_unknown: set[fingerprint.PodKey] = set()  # pods logged as having no QoS class
+        # What the last refresh read (kept between refreshes, see stale_inputs) and computed from it.
+        self._poked = False
+        self._numa: list[NumaNode] | None = None
+        self._caches: Sequence[CacheWays] | None = None
+        self._classes: dict[fingerprint.PodKey, QoS] | None = None
+        self._config: tuple[tuple[int, int, int] | None, KubeletConfig] | None = None
+        self._computed: tuple[tuple[object, ...], NodeTopology] | None = None
         self.refreshes = 0  # completed refresh attempts, successful or not (tests wait on it)
         self.failures = 0
         self.last_topology: NodeTopology | None = None
@@ -160,6 +215,7 @@ class NrtExporter:
 
     def poke(self, reason: str = "requested") -> None:
         """Ask for a refresh soon (e.g. after the engine changed cache allocations)."""
+        self._poked = True
         self._trigger.fire(reason)
 
     async def run(self) -> None:
@@ -172,23 +228,7 @@ class NrtExporter:
                 podres = self._pods
                 if podres is None:
                     podres = await owned.enter_async_context(pod_resources_client(settings))
-                watchers = [
-                    asyncio.create_task(
-                        watch_kubelet_state(
-                            settings.host_path(settings.kubelet_dir), self._trigger, settings.nrt_poll_seconds
-                        )
-                    ),
-                    asyncio.create_task(
-                        poll_pod_resources(podres.list, self._trigger, settings.nrt_poll_seconds)
-                    ),
-                ]
-                if self.pod_qos is not None:
-                    read = self.pod_qos.read
-                    watchers.append(
-                        asyncio.create_task(
-                            poll_pod_qos(lambda: read().classes, self._trigger, settings.nrt_poll_seconds)
-                        )
-                    )
+                watchers = [asyncio.create_task(coro) for coro in self._watchers(podres)]
                 try:
                     await self._loop(podres, self.publisher)
                 finally:
@@ -199,6 +239,24 @@ class NrtExporter:
             close = getattr(api_client, "close", None)
             if close is not None:
                 await asyncio.to_thread(close)
+
+    def _watchers(self, podres: PodResourcesClient) -> list[Coroutine[Any, Any, None]]:
+        """The triggers (nrt/triggers.py): the kubelet's state files and the pods' directories; where the
+        pod directories cannot be found, polling of List and of the pods' QoS classes instead."""
+        settings, trigger, poll = self.settings, self._trigger, self.settings.nrt_poll_seconds
+        watchers: list[Coroutine[Any, Any, None]] = [
+            watch_kubelet_state(settings.host_path(settings.kubelet_dir), trigger, poll)
+        ]
+        dirs = pod_directories(self.fs, settings.kubelet_config)
+        if not isinstance(dirs, Unsupported):
+            watchers.append(watch_pod_directories([self.fs.path(d) for d in dirs], trigger, poll))
+            return watchers
+        log.info("pod directories not found (%s): polling PodResources every %gs instead", dirs, poll)
+        watchers.append(poll_pod_resources(podres.list, trigger, poll))
+        if self.pod_qos is not None:
+            read = self.pod_qos.read
+            watchers.append(poll_pod_qos(lambda: read().classes, trigger, poll))
+        return watchers
 
     async def _loop(self, podres: PodResourcesClient, publisher: NrtPublisher) -> None:
         settings = self.settings
@@ -220,11 +278,14 @@ class NrtExporter:
                 next_resync = time.monotonic() + settings.nrt_resync_seconds
             last_refresh = time.monotonic()
             try:
-                topology = await self.snapshot(podres)
-                pfp = topology.attribute(fingerprint.ATTRIBUTE) or ""
-                self.last_outcome = await publisher.publish(
-                    topology, {fingerprint.ANNOTATION: pfp}, verify=verify
-                )
+                topology = await self.snapshot(podres, None if verify else reasons)
+                if topology is self.last_topology and not verify:
+                    self.last_outcome = "unchanged"  # as published (a resync checks the object itself)
+                else:
+                    pfp = topology.attribute(fingerprint.ATTRIBUTE) or ""
+                    self.last_outcome = await publisher.publish(
+                        topology, {fingerprint.ANNOTATION: pfp}, verify=verify
+                    )
                 self.last_topology = topology
                 backoff = 0.0
                 log.debug("refresh (%s): %s", ", ".join(sorted(reasons)) or "resync", self.last_outcome)
@@ -237,24 +298,43 @@ class NrtExporter:
             finally:
                 self.refreshes += 1
 
-    async def snapshot(self, podres: PodResourcesClient) -> NodeTopology:
-        """Read every input once and compute the object's content."""
-        numa = read_numa_nodes(self.fs)
-        if isinstance(numa, Unsupported):
-            raise TopologyUnavailable(str(numa))
+    async def snapshot(
+        self, podres: PodResourcesClient, reasons: Collection[str] | None = None
+    ) -> NodeTopology:
+        """The object's content from the inputs; `reasons` (what woke this refresh) say which inputs to read
+        again (stale_inputs), None reads all. The same object as last time when no input changed."""
+        stale = stale_inputs(reasons, self._poked)
+        self._poked = False
+        if NUMA in stale or self._numa is None:
+            numa = read_numa_nodes(self.fs)
+            if isinstance(numa, Unsupported):
+                raise TopologyUnavailable(str(numa))
+            self._numa = numa
         allocatable = await podres.get_allocatable()
         pods = await podres.list()
-        caches = await self._l3()
-        zones = compute_zones(numa, allocatable, pods, caches, self.exclude)
+        if L3 in stale or self._caches is None:
+            self._caches = await self._l3()
+        if QOS in stale or self._classes is None:
+            self._classes = self._read_pod_classes()
+        config = self._kubelet_config(force=reasons is None)
+        inputs = (self._numa, allocatable, pods, self._caches, self._classes, config)
+        if self._computed is not None and _same(inputs, self._computed[0]):
+            self._log_unknown_classes(pods, self._classes)
+            return self._computed[1]
+        zones = compute_zones(self._numa, allocatable, pods, self._caches, self.exclude)
         method = self.settings.nrt_pods_fingerprint_method
         listed = {r.name for zone in zones for r in zone.resources}  # what the scheduler calls the NRT's
-        pfp = fingerprint.pods_fingerprint(pods, method, self._pod_classes(pods), listed)
-        attributes = topology_attributes(self._kubelet_config(), pfp, method)
-        return NodeTopology.of(zones, attributes)
+        self._log_unknown_classes(pods, self._classes)
+        pfp = fingerprint.pods_fingerprint(pods, method, self._classes, listed)
+        topology = NodeTopology.of(zones, topology_attributes(config, pfp, method))
+        if self._computed is not None and topology == self._computed[1]:
+            topology = self._computed[1]  # equal content: keep the object, so the exporter skips publishing
+        self._computed = (inputs, topology)
+        return topology
 
-    def _pod_classes(self, pods: Sequence[PodResources]) -> dict[fingerprint.PodKey, QoS]:
-        """The QoS classes of the pods (with-exclusive-resources only). Pods without one are decided from
-        PodResources alone; each is logged once at debug, an unreadable source once as a warning."""
+    def _read_pod_classes(self) -> dict[fingerprint.PodKey, QoS]:
+        """The QoS classes of the pods (with-exclusive-resources only); an unreadable source is logged once
+        as a warning."""
         if self.pod_qos is None:
             return {}
         reading = self.pod_qos.read()
@@ -265,14 +345,36 @@ class NrtExporter:
                 "; ".join(reading.problems),
             )
         self._qos_problems = reading.problems
-        unknown = {(p.namespace, p.name) for p in pods} - reading.classes.keys()
+        return reading.classes
+
+    def _log_unknown_classes(
+        self, pods: Sequence[PodResources], classes: Collection[fingerprint.PodKey]
+    ) -> None:
+        """Pods without a QoS class are decided from PodResources alone; each is logged once at debug."""
+        if self.pod_qos is None:
+            return
+        unknown = {(p.namespace, p.name) for p in pods} - set(classes)
         for key in sorted(unknown - self._qos_unknown):
             log.debug("no QoS class for pod %s/%s: fingerprint decided from PodResources", *key)
         self._qos_unknown = unknown
-        return reading.classes
 
-    def _kubelet_config(self) -> KubeletConfig:
-        """Re-read every refresh, so a changed topology manager policy shows (NFD #1256, RTE #162)."""
+    def _kubelet_config(self, force: bool = False) -> KubeletConfig:
+        """Read again whenever its file changed, so a changed topology manager policy shows (NFD #1256,
+        RTE #162); the same object while it did not."""
+        try:
+            st = os.stat(self.fs.path(self.settings.kubelet_config))
+            stamp: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = None
+        if not force and self._config is not None and self._config[0] == stamp and stamp is not None:
+            return self._config[1]
+        config = self._read_kubelet_config()
+        if self._config is not None and config == self._config[1]:
+            config = self._config[1]
+        self._config = (stamp, config)
+        return config
+
+    def _read_kubelet_config(self) -> KubeletConfig:
         config = read_kubelet_config(self.fs, self.settings.kubelet_config)
         if isinstance(config, Unsupported):
             if not self._config_warned:

@@ -79,6 +79,26 @@ def list_pod_cgroups(fs: HostFS) -> dict[str, QoS] | Unsupported:
     return classes
 
 
+def qos_parents(root: str) -> tuple[str, str]:
+    """The kubelet's Burstable and BestEffort parents under its pod root, for either cgroup driver."""
+    last = root.rsplit("/", 1)[-1]
+    if last.endswith(".slice"):
+        stem = last.removesuffix(".slice")
+        return f"{root}/{stem}-burstable.slice", f"{root}/{stem}-besteffort.slice"
+    return f"{root}/burstable", f"{root}/besteffort"
+
+
+def pod_directories(fs: HostFS, kubelet_config: str = DEFAULT_CONFIG_PATH) -> list[str] | Unsupported:
+    """The directories (relative to the host root) in which an entry comes or goes whenever a pod starts
+    or is gone: the pod cgroup root and its QoS parents, and the pod log directory. Unsupported when the
+    kubelet's pod cgroups cannot be found."""
+    root = find_pod_root(fs)
+    if isinstance(root, Unsupported):
+        return root
+    base = f"{root.hierarchy}/{root.root}"
+    return [base, *qos_parents(base), pod_logs_dir(fs, kubelet_config)]
+
+
 def list_pod_log_dirs(fs: HostFS, pods_dir: str) -> dict[str, PodMeta] | Unsupported:
     """uid -> namespace/name of every pod log directory."""
     try:

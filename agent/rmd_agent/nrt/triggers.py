@@ -5,13 +5,17 @@
   the *directories* are watched (inotify CREATE / MOVED_TO / CLOSE_WRITE, matched by basename), as NFD
   does. inotify is reached through ctypes (no dependency); where it is unavailable, or the directory does
   not exist yet, the files' identity (inode, size, mtime) is polled instead.
-* PodResources `List` is polled and compared by content: it is cheap, catches what no file records (a
-  best-effort pod appearing, a device pod without exclusive CPUs) and is what the zones are computed from.
-* With the with-exclusive-resources fingerprint, the pods' QoS classes (nrt/pod_qos.py) are polled the same
-  way: a pod is in `List` from its admission, but its class is only known once the kubelet has made its
-  cgroup and log directory, which may be much later (volumes are mounted in between).
+* The pods' directories (nrt/pod_qos.py `pod_directories`): the kubelet's pod cgroup parents and its pod
+  log directory are watched the same way for entries coming and going. A pod is in `List` from its
+  admission, but only pods with exclusive resources change a state file; every pod gets a cgroup and a log
+  directory when it starts and loses them when it is gone, and that is also when its QoS class (for the
+  with-exclusive-resources fingerprint) becomes known.
+* Only where those directories cannot be found (no kubelet pod cgroup under the host's /sys/fs/cgroup),
+  PodResources `List` and the pods' QoS classes are polled instead and compared by content. Polling List
+  was most of an idle exporter's CPU (a List of 500 pods, every 2 s).
 
 Each only fires a RefreshTrigger; the exporter coalesces whatever fired while it was busy into one refresh.
+The reasons tell it what to read again (exporter `stale_inputs`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import struct
@@ -34,15 +39,19 @@ log = logging.getLogger(__name__)
 STATE_FILES = ("cpu_manager_state", "memory_manager_state", "device-plugins/kubelet_internal_checkpoint")
 
 _IN_CLOSE_WRITE = 0x008
+_IN_MOVED_FROM = 0x040
 _IN_MOVED_TO = 0x080
 _IN_CREATE = 0x100
+_IN_DELETE = 0x200
 _IN_DELETE_SELF = 0x400
 _IN_MOVE_SELF = 0x800
 _IN_Q_OVERFLOW = 0x4000
 _IN_IGNORED = 0x8000
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
-_WATCH_MASK = _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE_SELF | _IN_MOVE_SELF
+_FILE_CHANGED = _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE  # a state file replaced or written
+_ENTRY_CHANGED = _IN_CREATE | _IN_DELETE | _IN_MOVED_FROM | _IN_MOVED_TO  # a pod directory came or went
+_WATCH_MASK = _FILE_CHANGED | _ENTRY_CHANGED | _IN_DELETE_SELF | _IN_MOVE_SELF
 _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then len bytes of name
 
 
@@ -124,13 +133,16 @@ class _Inotify:
         os.close(self.fd)
 
 
-def _watched(kubelet_dir: Path, files: Iterable[str]) -> dict[Path, set[str]]:
+Watched = Mapping[Path, frozenset[str] | None]  # directory -> basenames to react to; None: any entry
+
+
+def _watched(kubelet_dir: Path, files: Iterable[str]) -> dict[Path, frozenset[str] | None]:
     """Directory -> basenames to react to."""
     dirs: dict[Path, set[str]] = {}
     for rel in files:
         path = kubelet_dir / rel
         dirs.setdefault(path.parent, set()).add(path.name)
-    return dirs
+    return {d: frozenset(names) for d, names in dirs.items()}
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
@@ -141,18 +153,40 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-async def _poll_files(
-    paths: list[Path], fire: Callable[[str], None], interval: float, until: Callable[[], bool]
+def _listing(path: Path) -> frozenset[str] | None:
+    try:
+        return frozenset(os.listdir(path))
+    except OSError:
+        return None
+
+
+async def _poll(
+    probes: Mapping[str, Callable[[], object]],
+    fire: Callable[[str], None],
+    interval: float,
+    until: Callable[[], bool],
 ) -> None:
-    """Fire when a file's identity changes; return once `until()` holds."""
-    stamps = {p: _stamp(p) for p in paths}
+    """Fire a probe's reason when its answer changes; return once `until()` holds."""
+    last = {reason: probe() for reason, probe in probes.items()}
     while not until():
         await asyncio.sleep(interval)
-        for path in paths:
-            stamp = _stamp(path)
-            if stamp != stamps[path]:
-                stamps[path] = stamp
-                fire(f"kubelet-state:{path.name}")
+        for reason, probe in probes.items():
+            now = probe()
+            if now != last[reason]:
+                last[reason] = now
+                fire(reason)
+
+
+def _probes(dirs: Watched, prefix: str) -> dict[str, Callable[[], object]]:
+    """What polling compares: each watched file's identity, each watched directory's entries."""
+    probes: dict[str, Callable[[], object]] = {}
+    for directory, names in dirs.items():
+        if names is None:
+            probes[f"{prefix}:{directory}"] = functools.partial(_listing, directory)
+        else:
+            for name in sorted(names):
+                probes[f"{prefix}:{name}"] = functools.partial(_stamp, directory / name)
+    return probes
 
 
 async def watch_kubelet_state(
@@ -167,24 +201,32 @@ async def watch_kubelet_state(
     directories that do not exist yet (no device plugin ever registered, kubelet not started) are polled
     until the directory appears, and then the watches are set up again.
     """
-    dirs = _watched(Path(kubelet_dir), files)
+    await watch_directories(_watched(Path(kubelet_dir), files), trigger, poll_interval, "kubelet-state")
+
+
+async def watch_pod_directories(dirs: Iterable[Path], trigger: RefreshTrigger, poll_interval: float) -> None:
+    """Fire `trigger` ("pods") whenever an entry comes or goes in one of `dirs`: the kubelet's pod cgroups
+    and pod log directories, which appear when a pod starts and go when it is gone. Until cancelled."""
+    await watch_directories(dict.fromkeys(dirs), trigger, poll_interval, "pods")
+
+
+async def watch_directories(
+    dirs: Watched, trigger: RefreshTrigger, poll_interval: float, prefix: str
+) -> None:
+    """The watches of watch_kubelet_state and watch_pod_directories; reasons start with `prefix`."""
     while True:
         present = {d: names for d, names in dirs.items() if d.is_dir()}
-        absent = [d for d in dirs if d not in present]
+        absent = {d: names for d, names in dirs.items() if d not in present}
         tasks = []
         if present:
             awaited = frozenset(absent)
-            tasks.append(asyncio.create_task(_watch_present(present, trigger, poll_interval, awaited)))
+            tasks.append(
+                asyncio.create_task(_watch_present(present, trigger, poll_interval, awaited, prefix))
+            )
         if absent:
-            paths = [d / name for d in absent for name in sorted(dirs[d])]
             tasks.append(
                 asyncio.create_task(
-                    _poll_files(
-                        paths,
-                        trigger.fire,
-                        poll_interval,
-                        until=_any_exists(absent),
-                    )
+                    _poll(_probes(absent, prefix), trigger.fire, poll_interval, until=_any_exists(absent))
                 )
             )
         try:
@@ -193,7 +235,7 @@ async def watch_kubelet_state(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        trigger.fire("kubelet-state:layout")
+        trigger.fire(f"{prefix}:layout")
 
 
 def _any_exists(dirs: Iterable[Path]) -> Callable[[], bool]:
@@ -202,20 +244,22 @@ def _any_exists(dirs: Iterable[Path]) -> Callable[[], bool]:
 
 
 async def _watch_present(
-    dirs: dict[Path, set[str]], trigger: RefreshTrigger, poll_interval: float, awaited: frozenset[Path]
+    dirs: Watched, trigger: RefreshTrigger, poll_interval: float, awaited: frozenset[Path], prefix: str
 ) -> None:
     """inotify on existing directories until one disappears or an awaited one appears in them; polling for
     ever if inotify is unavailable."""
     try:
-        await _watch_with_inotify(dirs, trigger, awaited)
+        await _watch_with_inotify(dirs, trigger, awaited, prefix)
     except InotifyUnavailable as exc:
-        log.info("watching kubelet state files by polling every %gs: %s", poll_interval, exc)
-        paths = [d / name for d, names in dirs.items() for name in sorted(names)]
-        await _poll_files(paths, trigger.fire, poll_interval, until=lambda: False)
+        log.info("watching %s by polling every %gs: %s", prefix, poll_interval, exc)
+        await _poll(_probes(dirs, prefix), trigger.fire, poll_interval, until=lambda: False)
 
 
 async def _watch_with_inotify(
-    dirs: dict[Path, set[str]], trigger: RefreshTrigger, awaited: frozenset[Path] = frozenset()
+    dirs: Watched,
+    trigger: RefreshTrigger,
+    awaited: frozenset[Path] = frozenset(),
+    prefix: str = "kubelet-state",
 ) -> None:
     """Returns when a watched directory goes away or one of `awaited` is created in a watched one (the
     watches must then be rebuilt); InotifyUnavailable if inotify cannot be used."""
@@ -225,14 +269,16 @@ async def _watch_with_inotify(
 
     def on_readable() -> None:
         for directory, mask, name in inotify.read():
+            names = dirs.get(directory) if directory is not None else frozenset()
+            appeared = directory is not None and directory / name in awaited
             if mask & _IN_Q_OVERFLOW:
-                trigger.fire("kubelet-state:overflow")
-            elif mask & (_IN_DELETE_SELF | _IN_MOVE_SELF | _IN_IGNORED):
+                trigger.fire(f"{prefix}:overflow")
+            elif mask & (_IN_DELETE_SELF | _IN_MOVE_SELF | _IN_IGNORED) or appeared:
                 relayout.set()
-            elif directory is not None and name in dirs.get(directory, ()):
-                trigger.fire(f"kubelet-state:{name}")
-            elif directory is not None and directory / name in awaited:
-                relayout.set()
+            elif names is None and mask & _ENTRY_CHANGED:
+                trigger.fire(f"{prefix}:{directory}")
+            elif names is not None and name in names and mask & _FILE_CHANGED:
+                trigger.fire(f"{prefix}:{name}")
 
     try:
         for directory in dirs:
@@ -250,8 +296,9 @@ async def _watch_with_inotify(
 
 
 def pods_key(pods: Iterable[PodResources]) -> tuple[PodResources, ...]:
-    """The List answer in a canonical order, so equal answers compare equal."""
-    return tuple(sorted(pods, key=lambda p: (p.namespace, p.name, repr(p))))
+    """The List answer in a canonical order, so equal answers compare equal (the client gives unchanged pods
+    the same objects, so comparing them mostly compares identities)."""
+    return tuple(sorted(pods, key=lambda p: (p.namespace, p.name)))
 
 
 async def poll_pod_resources(
