@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 
@@ -38,3 +39,35 @@ class CheckpointError(AgentError, ValueError):
 
 class KubeletUnavailable(AgentError):
     """The kubelet PodResources socket cannot be reached or did not answer in time."""
+
+
+class KubeApiError(AgentError):
+    """A Kubernetes API request that failed: the API server's answer, with its HTTP `status`, `reason` phrase
+    and `body` (a Status object as JSON, usually). Status 0 is a request that got no answer
+    (KubeConnectionError). str() is "409 Conflict: <the Status message>"."""
+
+    def __init__(self, status: int = 0, reason: str = "", body: str | None = None) -> None:
+        self.status = status
+        self.reason = reason
+        self.body = body
+        super().__init__(_describe(status, reason, body))
+
+
+class KubeConnectionError(KubeApiError):
+    """No answer from the API server: refused, unreachable, a TLS failure or a timeout (status 0)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(0, reason)
+
+
+def _describe(status: int, reason: str, body: str | None) -> str:
+    if not status:
+        return reason
+    message = None
+    try:
+        found = json.loads(body or "")
+    except ValueError:
+        found = None
+    if isinstance(found, dict) and isinstance(found.get("message"), str):
+        message = found["message"]
+    return f"{status} {reason}" + (f": {message}" if message else "")

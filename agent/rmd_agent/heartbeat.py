@@ -22,9 +22,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
-from rmd_agent.errors import ConfigError
+from rmd_agent.errors import ConfigError, KubeApiError
 from rmd_agent.kube import KubeObjectClient
 from rmd_agent.kube_object_writer import ObjectRef
 from rmd_agent.settings import AgentSettings
@@ -85,7 +83,7 @@ def renewed_lease(
 
 
 class Heartbeat:
-    """Renews this node's agent Lease until stop(). `api_client_factory` makes the kubernetes ApiClient."""
+    """Renews this node's agent Lease until stop(). `api_client_factory` makes the API client."""
 
     def __init__(
         self,
@@ -118,9 +116,9 @@ class Heartbeat:
 
     async def run(self) -> None:
         api_client = await asyncio.to_thread(self._factory)
-        # Through the custom-objects calls, as plain JSON: the typed Lease calls would parse the times into
-        # datetimes and write them back without their microseconds when those are 0, which the API server
-        # refuses (MicroTime).
+        # As plain JSON, like the agent's other objects: a typed client that parsed the times into datetimes
+        # wrote them back without their microseconds when those were 0, which the API server refuses
+        # (MicroTime).
         lease = KubeObjectClient(api_client, ObjectRef(*LEASES, self.name, self.namespace), FIELD_MANAGER)
         current: Obj | None = None
         try:
@@ -131,7 +129,11 @@ class Heartbeat:
                     current = None  # read it again next time
                     self.failures += 1
                     if self.failures == 1 or self.failures % 10 == 0:
-                        what = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
+                        what = (
+                            f"{exc.status} {exc.reason}"
+                            if isinstance(exc, KubeApiError) and exc.status
+                            else str(exc)
+                        )
                         log.warning(
                             "heartbeat Lease %s/%s not renewed (%d in a row): %s",
                             self.namespace,
@@ -158,7 +160,7 @@ class Heartbeat:
             current = await lease.get()
         try:
             return await self._write(lease, current)
-        except ApiException as exc:
+        except KubeApiError as exc:
             if exc.status not in (404, 409):
                 raise
         return await self._write(lease, await lease.get())

@@ -1,61 +1,40 @@
 """The agent's Kubernetes client: one way to build it, and `KubeObjectClient`, the requests of
 kube_object_writer.ObjectWriter.
 
-`create_api_client` loads the in-cluster service account (settings.kubeconfig empty) or a kubeconfig file.
-A proxy is never taken from the environment: the agent talks to its own cluster's API server, and an
-HTTPS_PROXY meant for image pulls or outbound traffic must not see its token. A kubeconfig that names a
-proxy (`proxy-url`) explicitly is still honoured.
-
-The kubernetes client is synchronous: `call` runs a request in a worker thread with a timeout.
+`create_api_client` makes a kube_api.KubeApi for the in-cluster service account (settings.kubeconfig empty)
+or for a kubeconfig file (kube_config.py says what it takes from one). A proxy is never taken from the
+environment: the agent talks to its own cluster's API server, and an HTTPS_PROXY meant for image pulls or
+outbound traffic must not see its token. A kubeconfig that names a proxy (`proxy-url`) explicitly is still
+honoured.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-
-from rmd_agent.errors import ConfigError
+from rmd_agent.errors import KubeApiError
+from rmd_agent.kube_api import JSON, MERGE_PATCH, KubeApi, object_path
+from rmd_agent.kube_config import load_in_cluster, load_kubeconfig
 from rmd_agent.kube_object_writer import ObjectRef
 from rmd_agent.settings import AgentSettings
-
-REQUEST_TIMEOUT_SECONDS = 10.0
-MERGE_PATCH = "application/merge-patch+json"
 
 Obj = dict[str, Any]
 
 
-def create_api_client(settings: AgentSettings) -> client.ApiClient:
-    """An ApiClient for the in-cluster service account, or for settings.kubeconfig when set.
+def create_api_client(settings: AgentSettings) -> KubeApi:
+    """A client for the in-cluster service account, or for settings.kubeconfig when set.
 
     ConfigError when neither works (no kubeconfig file, or not running in a pod)."""
-    configuration = client.Configuration()
-    configuration.proxy = None  # explicit: otherwise HTTPS_PROXY/ALL_PROXY from the environment is used
-    try:
-        if settings.kubeconfig:
-            config.load_kube_config(  # type: ignore[no-untyped-call]  # the loader has no annotations
-                config_file=settings.kubeconfig, client_configuration=configuration
-            )
-        else:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except (config.ConfigException, OSError) as exc:
-        where = f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "in-cluster config"
-        raise ConfigError(f"cannot configure the Kubernetes client from the {where}: {exc}") from None
-    return client.ApiClient(configuration=configuration)
+    config = load_kubeconfig(Path(settings.kubeconfig)) if settings.kubeconfig else load_in_cluster()
+    return KubeApi(config)
 
 
-def api_client_factory(settings: AgentSettings) -> Callable[[], client.ApiClient]:
-    """A no-argument factory, as NodeStateWriter and the NodeResourceTopology exporter take."""
+def api_client_factory(settings: AgentSettings) -> Callable[[], KubeApi]:
+    """A no-argument factory, as NodeStateWriter, the heartbeat and the NodeResourceTopology exporter take."""
     return functools.partial(create_api_client, settings)
-
-
-async def call(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """One API request in a worker thread, bounded by REQUEST_TIMEOUT_SECONDS."""
-    return await asyncio.to_thread(method, *args, _request_timeout=REQUEST_TIMEOUT_SECONDS, **kwargs)
 
 
 def merge_patch(current: Any, desired: Any) -> Any:
@@ -75,61 +54,52 @@ def merge_patch(current: Any, desired: Any) -> Any:
 
 
 class KubeObjectClient:
-    """The ObjectClient of kube_object_writer over the kubernetes client: `ref`, cluster-scoped or namespaced,
-    and Nodes. Writes are by `field_manager` with fieldValidation=Strict: a field the CRD does not know is an
-    error, not silently pruned."""
+    """The ObjectClient of kube_object_writer over the API: `ref`, cluster-scoped or namespaced, and Nodes.
+    Writes are by `field_manager` with fieldValidation=Strict: a field the CRD does not know is an error, not
+    silently pruned."""
 
-    def __init__(self, api_client: Any, ref: ObjectRef, field_manager: str) -> None:
+    def __init__(self, api: KubeApi, ref: ObjectRef, field_manager: str) -> None:
         self.ref = ref
-        self._field_manager = field_manager
-        self._objects = client.CustomObjectsApi(api_client)
-        self._core = client.CoreV1Api(api_client)
+        self._api = api
+        self._write_query = {"fieldManager": field_manager, "fieldValidation": "Strict"}
 
     async def get(self) -> Obj | None:
         try:
-            found: Obj = await self._request("get_{}_custom_object", self.ref.name)
-        except ApiException as exc:
+            return await self._api.call("GET", self._path(self.ref.name))
+        except KubeApiError as exc:
             if exc.status != 404:
                 raise
             return None
-        return found
 
     async def create(self, body: Obj) -> Obj:
-        return await self._write("create_{}_custom_object", body)
+        return await self._write("POST", self._path(None), body)
 
     async def replace(self, body: Obj) -> Obj:
-        return await self._write("replace_{}_custom_object", self.ref.name, body)
+        return await self._write("PUT", self._path(self.ref.name), body)
 
     async def patch(self, body: Obj) -> Obj:
-        return await self._write("patch_{}_custom_object", self.ref.name, body, _content_type=MERGE_PATCH)
+        return await self._write("PATCH", self._path(self.ref.name), body, MERGE_PATCH)
 
     async def patch_status(self, body: Obj) -> Obj:
-        return await self._write(
-            "patch_{}_custom_object_status", self.ref.name, body, _content_type=MERGE_PATCH
-        )
+        return await self._write("PATCH", self._path(self.ref.name, "status"), body, MERGE_PATCH)
 
     async def node_uid(self, node: str) -> str | None:
         try:
-            found = await call(self._core.read_node, node)
-        except ApiException as exc:
+            found = await self._api.call("GET", object_path("", "v1", "nodes", name=node))
+        except KubeApiError as exc:
             if exc.status != 404:
                 raise
             return None
-        uid: str = found.metadata.uid
+        uid: str = found["metadata"]["uid"]
         return uid
 
-    async def _write(self, method: str, *args: Any, **kwargs: Any) -> Obj:
-        kwargs.update(field_manager=self._field_manager, field_validation="Strict")
-        written: Obj = await self._request(method, *args, **kwargs)
-        return written
+    async def _write(self, method: str, path: str, body: Obj, content_type: str = JSON) -> Obj:
+        return await self._api.call(
+            method, path, query=self._write_query, body=body, content_type=content_type
+        )
 
-    async def _request(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """CustomObjectsApi's `method` ("get_{}_custom_object") in the object's scope, with its address."""
+    def _path(self, name: str | None, subresource: str | None = None) -> str:
         ref = self.ref
-        if ref.namespace is None:
-            where: tuple[str, ...] = (ref.group, ref.version, ref.plural)
-            scoped = method.format("cluster")
-        else:
-            where = (ref.group, ref.version, ref.namespace, ref.plural)
-            scoped = method.format("namespaced")
-        return await call(getattr(self._objects, scoped), *where, *args, **kwargs)
+        return object_path(
+            ref.group, ref.version, ref.plural, namespace=ref.namespace, name=name, subresource=subresource
+        )

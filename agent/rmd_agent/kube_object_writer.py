@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from kubernetes.client.exceptions import ApiException
+from rmd_agent.errors import KubeApiError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class ObjectClient(Protocol):
     """The requests ObjectWriter makes: one custom object, and the uid of a Node.
 
     get and node_uid answer None for an absent object. The others return the object as stored, or raise
-    ApiException: create 409 when the object exists; replace and the patches (JSON merge patches) 409 when
+    KubeApiError: create 409 when the object exists; replace and the patches (JSON merge patches) 409 when
     the resourceVersion in the body is not the stored one, 404 when the object is gone."""
 
     @property
@@ -129,7 +129,7 @@ class ObjectWriter:
         or the last write's verb in the past tense ("replaced").
 
         `build` None updates the object as it is: it is neither created nor its Node read (a last write
-        at shutdown). ApiException 409 when the object keeps changing under the writes."""
+        at shutdown). KubeApiError 409 when the object keeps changing under the writes."""
         try:
             fresh = verify or not self._known
             if build is not None and (fresh or (self._node_uid is None and not self._needs_node)):
@@ -163,7 +163,7 @@ class ObjectWriter:
             else:
                 return outcome
         ref = self.client.ref
-        raise ApiException(status=409, reason=f"{ref.kind} {ref.name} keeps changing")
+        raise KubeApiError(status=409, reason=f"{ref.kind} {ref.name} keeps changing")
 
     async def _may_create(self, node_read: bool) -> bool:
         if not self._needs_node:
@@ -196,7 +196,7 @@ class ObjectWriter:
         """True when created; False when it already existed (then _current holds it)."""
         try:
             self._current = await self.client.create(body)
-        except ApiException as exc:
+        except KubeApiError as exc:
             if exc.status != 409:
                 raise
             await self._refresh()
@@ -218,7 +218,7 @@ class ObjectWriter:
         }[change.verb]
         try:
             written = await send(body)
-        except ApiException as exc:
+        except KubeApiError as exc:
             if exc.status not in (404, 409):
                 raise
             self.conflicts += 1

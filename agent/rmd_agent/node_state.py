@@ -27,10 +27,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from kubernetes.client.exceptions import ApiException
-
 from rmd_agent.engine_api import AppliedWorkload, Engine
-from rmd_agent.errors import ConfigError
+from rmd_agent.errors import ConfigError, KubeApiError, KubeConnectionError
 from rmd_agent.kube import KubeObjectClient, merge_patch
 from rmd_agent.kube_object_writer import ABSENT, Change, Desire, ObjectRef, ObjectWriter, node_owner_reference
 from rmd_agent.settings import AgentSettings, split_host_port
@@ -311,7 +309,7 @@ def _utcnow() -> datetime:
 class NodeStateWriter:
     """Keeps this node's RmdNodeState current until stop() (see the module docstring).
 
-    `api_client_factory` makes the kubernetes ApiClient (kube.api_client_factory(settings) in production);
+    `api_client_factory` makes the API client (kube.api_client_factory(settings) in production);
     `endpoint` overrides the one derived from settings (e.g. once the gRPC server knows its port).
     notify() and stop() are called from the event loop run() runs on.
     """
@@ -421,7 +419,9 @@ class NodeStateWriter:
             except Exception as exc:
                 self.failures += 1
                 backoff = min(max(1.0, backoff * 2), resync)
-                if isinstance(exc, ApiException):
+                if isinstance(exc, KubeConnectionError):
+                    log.warning("RmdNodeState %s: %s", self.name, exc)
+                elif isinstance(exc, KubeApiError):
                     log.warning("RmdNodeState %s: API error %s %s", self.name, exc.status, exc.reason)
                 else:
                     log.warning("RmdNodeState %s refresh failed", self.name, exc_info=True)

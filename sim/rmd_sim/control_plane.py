@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -491,6 +491,25 @@ class ControlPlane:
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in user)
             path = self.workdir / "users" / f"{safe}.kubeconfig"
         _write_private(path, self._kubeconfig_yaml(user, groups))
+        return path
+
+    def impersonating_kubeconfig(
+        self, user: str, extra: Mapping[str, Sequence[str]] | None = None, path: Path | None = None
+    ) -> Path:
+        """The admin's kubeconfig acting as `user` with `extra` (kubectl's `as` and `as-user-extra`): the API
+        server authorises and records each request as that user, as for the user's own credentials (e.g. a
+        ServiceAccount's pod-bound token, which carries its node as an extra). The API server adds a
+        ServiceAccount's groups itself."""
+        if path is None:
+            label = "-".join([user, *(v for values in (extra or {}).values() for v in values)])
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+            path = self.workdir / "users" / f"as-{safe}.kubeconfig"
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        acting = config["users"][0]["user"]
+        acting["as"] = user
+        if extra:
+            acting["as-user-extra"] = {key: list(values) for key, values in extra.items()}
+        _write_private(path, yaml.safe_dump(config, sort_keys=False).encode())
         return path
 
     def kubectl(

@@ -25,6 +25,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from kubernetes import client
 
+from rmd_agent.kube_api import KubeApi
+from rmd_agent.kube_config import load_kubeconfig
 from rmd_agent.server.serving_cert import CertificateRequestFailed, ServingCertificate, new_request
 from rmd_api.agent_certs import NODE_NAME_EXTRA, SIGNER_NAME
 from rmd_sim.cluster import SimCluster
@@ -108,7 +110,13 @@ def agent_api(control_plane: ControlPlane, node: str | None, user: str = AGENT_U
     return api
 
 
-def certificate(api: Any, workdir: Path, node: str, name: str) -> ServingCertificate:
+def agent_client(control_plane: ControlPlane, node: str | None, user: str = AGENT_USER) -> KubeApi:
+    """The agent's own client, acting as `user` with the node a pod-bound token would carry."""
+    extra = {NODE_NAME_EXTRA: [node]} if node is not None else None
+    return KubeApi(load_kubeconfig(control_plane.impersonating_kubeconfig(user, extra)))
+
+
+def certificate(api: KubeApi, workdir: Path, node: str, name: str) -> ServingCertificate:
     return ServingCertificate(
         api,
         node=node,
@@ -131,7 +139,7 @@ def csr_count(control_plane: ControlPlane) -> int:
 async def test_an_agent_gets_a_certificate_for_its_own_name_only_once(
     cluster: SimCluster, control_plane: ControlPlane, ca: CertificateAuthority, workdir: Path
 ) -> None:
-    api = agent_api(control_plane, "node-a")
+    api = agent_client(control_plane, "node-a")
     serving = certificate(api, workdir, "node-a", "rmd-agent.node-a")
     before = csr_count(control_plane)
     validity = await serving.ensure()
@@ -157,7 +165,7 @@ async def test_an_agent_gets_a_certificate_for_its_own_name_only_once(
 async def test_a_node_cannot_get_another_nodes_name(
     cluster: SimCluster, control_plane: ControlPlane, workdir: Path
 ) -> None:
-    api = agent_api(control_plane, "node-a")
+    api = agent_client(control_plane, "node-a")
     with pytest.raises(CertificateRequestFailed, match=r"denied: WrongNames.*rmd-agent\.node-a"):
         await certificate(api, workdir, "node-a", "rmd-agent.node-b").ensure()
     api.close()
@@ -190,7 +198,7 @@ async def test_requests_from_others_or_without_a_node_are_denied(
                     ]
                 },
             )
-    api = agent_api(control_plane, node, user)
+    api = agent_client(control_plane, node, user)
     with pytest.raises(CertificateRequestFailed, match=f"denied: {reason}"):
         await certificate(api, workdir, "node-c", "rmd-agent.node-c").ensure()
     api.close()

@@ -38,6 +38,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rmd_agent.heartbeat import renewed_lease
+from rmd_agent.kube_api import KubeApi
+from rmd_agent.kube_config import load_kubeconfig
 from rmd_agent.server.serving_cert import (
     CertificateRequestFailed,
     ServingCertificate,
@@ -1174,7 +1176,7 @@ def test_the_agents_own_request_is_admitted_and_is_then_out_of_its_hands(
                 client.CertificatesV1Api(admin).delete_certificate_signing_request(name)
     # Made with a token that names no node (not bound to a pod), the request is refused, and the agent
     # reports the policy's reason.
-    with _as(control_plane, agent, None) as api:
+    with KubeApi(load_kubeconfig(control_plane.impersonating_kubeconfig(agent))) as api:
         serving = ServingCertificate(
             api,
             node=node1,

@@ -27,6 +27,7 @@ from rmd_agent.cache_ways import Holding, parse_device_id
 from rmd_agent.deviceplugin import CacheWaysPlugin, engine_pools
 from rmd_agent.engine_api import AppliedWorkload, CacheDomainSummary, NodeSummary
 from rmd_agent.hostfs import HostFS
+from rmd_agent.kube import api_client_factory
 from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider
 from rmd_agent.nrt.fingerprint import fingerprint
 from rmd_agent.nrt.publisher import GROUP, PLURAL, VERSION
@@ -117,7 +118,7 @@ async def exporting(
     async with kubelet:
         exporter = NrtExporter(
             AgentSettings(node_name=node.name, host_root=node.host, **{**FAST, **settings}),
-            control_plane.api_client,
+            api_client_factory(AgentSettings(kubeconfig=str(control_plane.kubeconfig))),
             l3_provider,
         )
         task = asyncio.create_task(exporter.run())

@@ -1,11 +1,16 @@
 """Agent serving certificates: the operator's review and signature (operator/rmd_operator/agent_certs.py) and
-the agent's renewal decision (agent/rmd_agent/server/serving_cert.py), without an API server."""
+the agent's renewal decision and its API failures (agent/rmd_agent/server/serving_cert.py), without an API
+server."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import ipaddress
+import json
+import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +19,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from rmd_agent.errors import ConfigError
+from rmd_agent.errors import ConfigError, KubeApiError, KubeConnectionError
+from rmd_agent.server import serving_cert
 from rmd_agent.server.app import check_serve_settings
-from rmd_agent.server.serving_cert import new_request, renewal_reason
+from rmd_agent.server.serving_cert import (
+    CSRS,
+    CertificateRequestFailed,
+    ServingCertificate,
+    new_request,
+    renewal_reason,
+)
 from rmd_agent.settings import AgentSettings
 from rmd_api.agent_certs import NODE_NAME_EXTRA, SIGNER_NAME
 from rmd_operator.agent_certs import Signer, needs_action, review
@@ -145,3 +157,62 @@ def test_serve_refuses_tls_csr_without_a_node_or_with_too_short_a_lifetime() -> 
         check_serve_settings(AgentSettings(tls_csr=True, node_name="n1", tls_csr_expiration_seconds=60))
     # good settings: nothing read yet (the files come with the certificate)
     assert check_serve_settings(AgentSettings(tls_csr=True, node_name="n1")) is None
+
+
+class RefusingApi:
+    """Stands in for kube_api.KubeApi: every request raises `error`; records (method, path)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls: list[tuple[str, str]] = []
+
+    async def call(self, method: str, path: str, **_: Any) -> Any:
+        self.calls.append((method, path))
+        raise self.error
+
+
+def serving(api: Any, tmp_path: Path) -> ServingCertificate:
+    return ServingCertificate(
+        api,
+        node="n1",
+        name="rmd-agent.n1",
+        cert_path=tmp_path / "tls.crt",
+        key_path=tmp_path / "tls.key",
+        expiration_seconds=3600,
+    )
+
+
+async def test_a_refused_request_says_why_and_no_answer_is_not_a_refusal(tmp_path: Path) -> None:
+    status = {"kind": "Status", "message": "denied request: the rmd agent must use its pod's token"}
+    api = RefusingApi(KubeApiError(403, "Forbidden", json.dumps(status)))
+    with pytest.raises(CertificateRequestFailed) as refused:
+        await serving(api, tmp_path).ensure()
+    assert str(refused.value) == (
+        "cannot create a CertificateSigningRequest: 403 Forbidden: denied request: the rmd agent must use "
+        "its pod's token"
+    )
+    assert api.calls == [("POST", CSRS)] and CSRS == "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+    unreachable = RefusingApi(KubeConnectionError("POST https://api:6443/...: no answer: refused"))
+    with pytest.raises(KubeConnectionError):  # at start: the agent stops (exit 1), it is no bad setting
+        await serving(unreachable, tmp_path).ensure()
+    assert not (tmp_path / "tls.key").exists()
+
+
+async def test_a_renewal_without_an_answer_is_retried_in_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 2:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(serving_cert.asyncio, "sleep", sleep)
+    api = RefusingApi(KubeConnectionError("POST https://api:6443/...: no answer: refused"))
+    with caplog.at_level(logging.WARNING), pytest.raises(asyncio.CancelledError):
+        await serving(api, tmp_path).renew_forever()
+    assert waits == [60.0, 60.0] and len(api.calls) == 2
+    assert "serving certificate renewal failed; retrying in 60 s: POST https://api:6443/...: no answer" in (
+        caplog.text
+    )

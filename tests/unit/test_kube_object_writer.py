@@ -10,9 +10,10 @@ import logging
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
-from rmd_agent.kube import MERGE_PATCH, KubeObjectClient
+from rmd_agent.errors import KubeApiError
+from rmd_agent.kube import KubeObjectClient
+from rmd_agent.kube_api import JSON, MERGE_PATCH
 from rmd_agent.kube_object_writer import (
     ABSENT,
     ATTEMPTS,
@@ -57,7 +58,7 @@ class MemoryClient:
         self.stored: Obj | None = None
         self.calls: list[str] = []
         self.bodies: list[Obj] = []  # of writes, as sent
-        self.refuse: dict[str, ApiException] = {}
+        self.refuse: dict[str, KubeApiError] = {}
         self._version = 0
 
     # -- what other actors do
@@ -80,7 +81,7 @@ class MemoryClient:
     async def create(self, body: Obj) -> Obj:
         self._request("create", body)
         if self.stored is not None:
-            raise ApiException(status=409, reason="AlreadyExists")
+            raise KubeApiError(status=409, reason="AlreadyExists")
         self.stored = {k: copy.deepcopy(v) for k, v in body.items() if k != "status"}
         self._version += 1
         self.stored["metadata"]["uid"] = f"obj-{self._version}"
@@ -117,9 +118,9 @@ class MemoryClient:
     def _writable(self, kind: str, body: Obj) -> Obj:
         self._request(kind, body)
         if self.stored is None:
-            raise ApiException(status=404, reason="NotFound")
+            raise KubeApiError(status=404, reason="NotFound")
         if body["metadata"]["resourceVersion"] != self.stored["metadata"]["resourceVersion"]:
-            raise ApiException(status=409, reason="Conflict")
+            raise KubeApiError(status=409, reason="Conflict")
         return self.stored
 
     def _bump(self) -> Obj:
@@ -299,7 +300,7 @@ async def test_gives_up_with_a_conflict_when_the_object_keeps_changing() -> None
         return await original(body)
 
     api.patch_status = always_stale  # type: ignore[method-assign]
-    with pytest.raises(ApiException) as gave_up:
+    with pytest.raises(KubeApiError) as gave_up:
         await w.sync(build, [status_of("b")])
     assert gave_up.value.status == 409 and "Widget w-n1 keeps changing" in str(gave_up.value.reason)
     assert api.calls.count("patch_status") == 1 + ATTEMPTS
@@ -366,8 +367,8 @@ async def test_a_failure_makes_the_next_sync_read_everything_again() -> None:
     api = MemoryClient()
     w = writer(api)
     await w.sync(build, [status_of("a")])
-    api.refuse["patch_status"] = ApiException(status=500, reason="Internal")
-    with pytest.raises(ApiException):
+    api.refuse["patch_status"] = KubeApiError(status=500, reason="Internal")
+    with pytest.raises(KubeApiError):
         await w.sync(build, [status_of("b")])
     api.calls.clear()
     assert await w.sync(build, [status_of("b")]) == "status patched"
@@ -376,9 +377,9 @@ async def test_a_failure_makes_the_next_sync_read_everything_again() -> None:
 
 async def test_a_missing_crd_is_an_error_not_a_create_loop() -> None:
     api = MemoryClient()
-    api.refuse["create"] = ApiException(status=404, reason="NotFound")  # no such resource type
+    api.refuse["create"] = KubeApiError(status=404, reason="NotFound")  # no such resource type
     w = writer(api)
-    with pytest.raises(ApiException) as missing:
+    with pytest.raises(KubeApiError) as missing:
         await w.sync(build, [status_of("a")])
     assert missing.value.status == 404
     assert api.calls == ["node", "get", "create"]
@@ -451,59 +452,49 @@ async def test_nrt_keeps_its_owner_while_the_node_cannot_be_read() -> None:
 
 
 class Recorder:
-    """Stands in for CustomObjectsApi and CoreV1Api: records (method, args, kwargs)."""
+    """Stands in for kube_api.KubeApi: records (method, path, query, body, content type) of each call."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.calls: list[tuple[str, str, Any, Any, str]] = []
         self.status = 0
 
-    def __getattr__(self, method: str) -> Any:
-        def record(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append((method, args, kwargs))
-            if self.status:
-                raise ApiException(status=self.status)
-            return {"method": method} if method != "read_node" else _Node()
-
-        return record
-
-
-class _Node:
-    class metadata:  # shaped like V1Node.metadata
-        uid = "uid-7"
+    async def call(
+        self, method: str, path: str, *, query: Any = None, body: Any = None, content_type: str = JSON
+    ) -> Any:
+        self.calls.append((method, path, query, body, content_type))
+        if self.status:
+            raise KubeApiError(status=self.status)
+        return {"method": method} if not path.startswith("/api/v1/nodes/") else {"metadata": {"uid": "uid-7"}}
 
 
 @pytest.mark.parametrize(
-    ("namespace", "scope", "where"),
+    ("namespace", "where"),
     [
-        ("ns", "namespaced", ("example.com", "v1", "ns", "widgets")),
-        (None, "cluster", ("example.com", "v1", "widgets")),
+        ("ns", "/apis/example.com/v1/namespaces/ns/widgets"),
+        (None, "/apis/example.com/v1/widgets"),
     ],
 )
-async def test_kube_client_requests(namespace: str | None, scope: str, where: tuple[str, ...]) -> None:
+async def test_kube_client_requests(namespace: str | None, where: str) -> None:
     ref = ObjectRef("example.com", "v1", "widgets", "Widget", "w", namespace)
-    kube = KubeObjectClient(None, ref, "me")
     recorder = Recorder()
-    kube._objects = kube._core = recorder
-    write = {"field_manager": "me", "field_validation": "Strict"}
-    patch = {**write, "_content_type": MERGE_PATCH}
+    kube = KubeObjectClient(recorder, ref, "me")  # type: ignore[arg-type]
+    write = {"fieldManager": "me", "fieldValidation": "Strict"}
     await kube.get()
     await kube.create({"b": 1})
     await kube.replace({"b": 2})
     await kube.patch({"b": 3})
     await kube.patch_status({"b": 4})
     assert await kube.node_uid("n1") == "uid-7"
-    calls = [(m, a, {k: v for k, v in kw.items() if k != "_request_timeout"}) for m, a, kw in recorder.calls]
-    assert calls == [
-        (f"get_{scope}_custom_object", (*where, "w"), {}),
-        (f"create_{scope}_custom_object", (*where, {"b": 1}), write),
-        (f"replace_{scope}_custom_object", (*where, "w", {"b": 2}), write),
-        (f"patch_{scope}_custom_object", (*where, "w", {"b": 3}), patch),
-        (f"patch_{scope}_custom_object_status", (*where, "w", {"b": 4}), patch),
-        ("read_node", ("n1",), {}),
+    assert recorder.calls == [
+        ("GET", f"{where}/w", None, None, JSON),
+        ("POST", where, write, {"b": 1}, JSON),
+        ("PUT", f"{where}/w", write, {"b": 2}, JSON),
+        ("PATCH", f"{where}/w", write, {"b": 3}, MERGE_PATCH),
+        ("PATCH", f"{where}/w/status", write, {"b": 4}, MERGE_PATCH),
+        ("GET", "/api/v1/nodes/n1", None, None, JSON),
     ]
-    assert all(kw["_request_timeout"] for _, _, kw in recorder.calls)
     recorder.status = 404
     assert await kube.get() is None and await kube.node_uid("n1") is None
     recorder.status = 409
-    with pytest.raises(ApiException):
+    with pytest.raises(KubeApiError):
         await kube.get()

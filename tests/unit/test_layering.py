@@ -68,6 +68,12 @@ CASES = [
         "rmd_operator.node_config_plan -> kubernetes",
     ),
     (
+        "agent-imports-kubernetes",  # the agent has its own API client (issue #14)
+        {"agent/rmd_agent/layering_probe.py": "from kubernetes import client\n"},
+        "agent-without-kubernetes",
+        "rmd_agent.layering_probe -> kubernetes",
+    ),
+    (
         "simulator-cycle",  # the cycle an import inside a function once hid: perf needs hosttree back
         {"sim/rmd_sim/perf.py": "\n\ndef _tree() -> None:\n    from rmd_sim import hosttree\n"},
         "acyclic",

@@ -110,7 +110,7 @@ def desired_writes(
 
 
 class NrtPublisher:
-    """Publishes one node's NodeResourceTopology through a kubernetes ApiClient."""
+    """Publishes one node's NodeResourceTopology through the agent's API client (kube.create_api_client)."""
 
     def __init__(self, api_client: Any, node_name: str) -> None:
         if not node_name:

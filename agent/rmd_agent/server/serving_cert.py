@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -24,16 +23,16 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from rmd_agent.errors import ConfigError
+from rmd_agent.errors import ConfigError, KubeApiError, KubeConnectionError
+from rmd_agent.kube_api import KubeApi, object_path
 from rmd_api.agent_certs import NODE_ANNOTATION, SIGNER_NAME, USAGES
 
 log = logging.getLogger(__name__)
 
 RENEW_AT = 2 / 3  # of the certificate's life
 _POLL_SECONDS = (0.2, 5.0)
+CSRS = object_path("certificates.k8s.io", "v1", "certificatesigningrequests")
 
 
 class CertificateRequestFailed(ConfigError):
@@ -130,7 +129,7 @@ class ServingCertificate:
 
     def __init__(
         self,
-        api: Any,
+        api: KubeApi,
         *,
         node: str,
         name: str,
@@ -139,7 +138,7 @@ class ServingCertificate:
         expiration_seconds: int,
         wait_seconds: float = 300.0,
     ) -> None:
-        self._certificates = client.CertificatesV1Api(api)
+        self._api = api
         self.node = node
         self.name = name
         self.cert_path = cert_path
@@ -177,23 +176,21 @@ class ServingCertificate:
             try:
                 validity = await self.ensure()
                 delay = (validity.renew_at - datetime.datetime.now(datetime.UTC)).total_seconds()
-            except (ConfigError, ApiException, OSError) as exc:
+            except (ConfigError, KubeApiError, OSError) as exc:
                 log.warning("serving certificate renewal failed; retrying in 60 s: %s", exc)
                 delay = 60.0
             await asyncio.sleep(max(delay, 1.0))
 
     async def _request(self) -> tuple[bytes, bytes]:
         key_pem, request_pem = await asyncio.to_thread(new_request, self.name)
-        body: Any = request_body(self.node, request_pem, self.expiration_seconds)
+        body = request_body(self.node, request_pem, self.expiration_seconds)
         try:
-            created = await asyncio.to_thread(
-                self._certificates.create_certificate_signing_request, body, _preload_content=False
-            )
-        except ApiException as exc:  # the API server's message says why (RBAC, the chart's CSR policy)
-            raise CertificateRequestFailed(
-                f"cannot create a CertificateSigningRequest: {_api_message(exc)}"
-            ) from None
-        name = _json(created)["metadata"]["name"]
+            created = await self._api.call("POST", CSRS, body=body)
+        except KubeConnectionError:
+            raise  # no answer: not a refusal (at start the agent stops; a renewal retries)
+        except KubeApiError as exc:  # the API server's message says why (RBAC, the chart's CSR policy)
+            raise CertificateRequestFailed(f"cannot create a CertificateSigningRequest: {exc}") from None
+        name = created["metadata"]["name"]
         cert_pem = await self._wait_for_certificate(name)
         return key_pem, cert_pem
 
@@ -202,10 +199,7 @@ class ServingCertificate:
         deadline = loop.time() + self.wait_seconds
         pause = _POLL_SECONDS[0]
         while True:
-            response = await asyncio.to_thread(
-                self._certificates.read_certificate_signing_request, name, _preload_content=False
-            )
-            csr = _json(response)
+            csr = await self._api.call("GET", f"{CSRS}/{name}")
             status = csr.get("status") or {}
             for condition in status.get("conditions") or ():
                 if (
@@ -225,17 +219,3 @@ class ServingCertificate:
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, _POLL_SECONDS[1])
-
-
-def _api_message(exc: ApiException) -> str:
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
-
-
-def _json(response: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(response.data)
-    return data
