@@ -497,10 +497,13 @@ def with_certificate(der: bytes | None, problem: str = "", source: str = "10.0.0
 
 
 def test_a_certificate_past_three_quarters_of_its_life_is_a_warning() -> None:
-    # 1 h backdated + 10 min: a quarter of 70 min is 17.5 min, and 10 are left.
-    finding = one(
-        validate(with_certificate(certificate("worker-1", timedelta(minutes=10)))), "worker-1", "certificate"
+    # 1 h backdated + 10 min: a quarter of 70 min is 17.5 min, and 10 are left. Judged at the time it was
+    # issued, not at NOW (the module's import): the suite may reach this test minutes later.
+    issued = certificate("worker-1", timedelta(minutes=10))
+    snap = dataclasses.replace(
+        with_certificate(issued), now=datetime.datetime.now(UTC).replace(microsecond=0)
     )
+    finding = one(validate(snap), "worker-1", "certificate")
     assert finding.severity.value == "warning" and finding.message.startswith(
         ("expires in 9m, at ", "expires in 10m, at ")
     )
