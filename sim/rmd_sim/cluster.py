@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,6 +212,20 @@ class SimCluster:
                     return
             await asyncio.sleep(0.2)
         raise OperatorProcessError(f"operator not live after {within:.0f}s:\n{self.operator_log_tail()}")
+
+    def save_logs(self, dest: Path) -> None:
+        """Copy the operator's, every agent's and the control plane's logs into `dest` (emptied first), for a
+        failed test's artifacts."""
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.copy(self.operator_log, dest / "operator.log")
+        for name, node in self.nodes.items():
+            with contextlib.suppress(OSError):
+                shutil.copy(node.log_path, dest / f"agent-{name}.log")
+        if self.control_plane is not None:
+            with contextlib.suppress(Exception):
+                self.control_plane.save_logs(dest / "control-plane")
 
     def operator_log_tail(self, lines: int = 40) -> str:
         if not self.operator_log.exists():

@@ -31,7 +31,6 @@ so the tests are plain synchronous code that polls the API server and the agents
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import http.client
 import json
@@ -39,11 +38,10 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,6 +59,7 @@ from rmd_api.cpuset import format_cpu_list, parse_cpu_list
 from rmd_api.node_state import lease_duration_seconds
 from rmd_sim.cluster import SYSTEM_NAMESPACE, SimCluster
 from rmd_sim.control_plane import BinariesNotFound, find_bin_dir, repo_root
+from rmd_sim.loop_thread import LoopThread
 from rmd_sim.netns import can_create_namespaces
 from rmd_sim.node import SimNode
 from rmd_sim.resctrl import NON_GROUP_DIRS, RESCTRL
@@ -170,22 +169,6 @@ GUARANTEED_POOL = pool_bits(POOLS.os, POOLS.guaranteed)
 
 
 # --- the cluster, on its own event loop --------------------------------------------------------------------
-
-
-class LoopThread:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="sim-cluster", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, _T], timeout: float = 180.0) -> _T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=30)
-        if not self._thread.is_alive():
-            self.loop.close()
 
 
 class System:
@@ -360,19 +343,6 @@ class System:
         self.api.close()
 
 
-def _save_logs(cluster: SimCluster) -> None:
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        shutil.copy(cluster.operator_log, ARTIFACTS / "operator.log")
-    for name, node in cluster.nodes.items():
-        with contextlib.suppress(OSError):
-            shutil.copy(node.log_path, ARTIFACTS / f"agent-{name}.log")
-    if cluster.control_plane is not None:
-        with contextlib.suppress(Exception):
-            cluster.control_plane.save_logs(ARTIFACTS / "control-plane")
-
-
 @pytest.fixture(scope="module")
 def system(request: pytest.FixtureRequest) -> Iterator[System]:
     try:
@@ -395,7 +365,7 @@ def system(request: pytest.FixtureRequest) -> Iterator[System]:
             harness.close()
     finally:
         if request.session.testsfailed > failed_before:
-            _save_logs(cluster)
+            cluster.save_logs(ARTIFACTS)
         try:
             loop.run(cluster.stop())
         finally:

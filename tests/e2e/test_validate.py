@@ -20,7 +20,6 @@ as the console command, to check the real entry point).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import dataclasses
@@ -33,9 +32,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,6 +49,7 @@ from rmd_operator.ctl import main as rmdctl
 from rmd_sim.cluster import SYSTEM_NAMESPACE, SimCluster
 from rmd_sim.control_plane import BinariesNotFound, find_bin_dir, repo_root
 from rmd_sim.hosttree import write_kubelet_config
+from rmd_sim.loop_thread import LoopThread
 from rmd_sim.spec import NodeSpec
 
 pytestmark = pytest.mark.e2e
@@ -74,22 +73,6 @@ NO_RDT = NodeSpec(
 
 Obj = dict[str, Any]
 _T = TypeVar("_T")
-
-
-class LoopThread:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="sim-cluster", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, _T], timeout: float = 180.0) -> _T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=30)
-        if not self._thread.is_alive():
-            self.loop.close()
 
 
 @dataclass(frozen=True)
@@ -493,19 +476,6 @@ CASES = [
 # --- fixtures ----------------------------------------------------------------------------------------------
 
 
-def _save_logs(cluster: SimCluster) -> None:
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        shutil.copy(cluster.operator_log, ARTIFACTS / "operator.log")
-    for name, node in cluster.nodes.items():
-        with contextlib.suppress(OSError):
-            shutil.copy(node.log_path, ARTIFACTS / f"agent-{name}.log")
-    if cluster.control_plane is not None:
-        with contextlib.suppress(Exception):
-            cluster.control_plane.save_logs(ARTIFACTS / "control-plane")
-
-
 @pytest.fixture(scope="module")
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     try:
@@ -530,7 +500,7 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
             h.close()
     finally:
         if request.session.testsfailed > failed_before:
-            _save_logs(cluster)
+            cluster.save_logs(ARTIFACTS)
         try:
             loop.run(cluster.stop())
         finally:
