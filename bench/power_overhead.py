@@ -9,7 +9,8 @@ share of the energy is exact: the agent's share (its pod energy over the node en
 with it. Per repetition, in this process:
 
     sample      PowerSampler.sample() once a second: CPU time of the sampling thread (time.thread_time)
-    scrape      generate_latest() of a registry holding PowerCollector, after each sample: wall and CPU
+    scrape      the agent's /metrics text (exposition.generate) of PowerCollector, after each sample:
+                wall and CPU time
     powercap    bare read of every RAPL energy_uj file (the least any RAPL exporter does)
     per-process a Kepler-style scan: list /proc, read every process's stat and cgroup, parse the container
                 id, sum per container (Kepler v0.10+ reads /proc/<pid>/stat per process, reference §2.1);
@@ -48,9 +49,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from rmd_agent.hostfs import HostFS
+from rmd_agent.metrics.exposition import generate
 from rmd_agent.metrics.power_collector import PowerCollector, render
 from rmd_agent.power.cpu_time import read_small
 from rmd_agent.power.sampler import PowerSampler, PowerSnapshot
@@ -242,7 +244,7 @@ def repetition(pods: int, containers: int, procs: int, samples: int, interval: f
             sample_cpu.append(time.thread_time() - cpu)
             sample_wall.append(time.perf_counter() - wall)
             cpu, wall = time.thread_time(), time.perf_counter()
-            scrape_bytes = len(generate_latest(registry))
+            scrape_bytes = len(generate(registry))
             scrape_cpu.append(time.thread_time() - cpu)
             scrape_wall.append(time.perf_counter() - wall)
         snap = sampler.snapshot()
