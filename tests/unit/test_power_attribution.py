@@ -77,6 +77,23 @@ def test_ledger_conserves_over_intervals(intervals: list[tuple[float, CpuDeltas]
     assert math.isclose(math.fsum(e for e, _ in intervals), node, rel_tol=1e-12, abs_tol=1e-6)
 
 
+@given(joules, joules, cpu_deltas())
+def test_ledger_adds_what_split_energy_splits(package: float, dram: float, cpu: CpuDeltas) -> None:
+    """The ledger's one pass over the pods gives each pod, container and the system what split_energy
+    gives them, zone kind by zone kind, to the last bit."""
+    ledger = EnergyLedger()
+    ledger.record(2.0, {ZoneKey("package", "0"): package, ZoneKey("dram", "0"): dram}, cpu)
+    for kind, energy in (("package", package), ("dram", dram)):
+        split = split_energy(energy, cpu_shares(cpu))
+        assert ledger.system[kind] == split.system
+        for uid, pod in split.pods.items():
+            assert ledger.pods[uid][kind] == pod
+            assert ledger.power.pods[uid][kind] == pod / 2.0
+        for uid, parts in split.containers.items():
+            for name, part in parts.items():
+                assert ledger.containers[(uid, name)][kind] == part
+
+
 def test_pods_share_by_cpu_time() -> None:
     cpu = CpuDeltas(busy=10.0, total=40.0, pods={"a": 2.0, "b": 6.0})
     split = split_energy(400.0, cpu_shares(cpu))
