@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from rmd_agent.engine_api import AppliedWorkload
 from rmd_agent.hostfs import HostFS
@@ -40,6 +40,7 @@ from rmd_agent.metrics.power_collector import PowerCollector
 from rmd_agent.metrics.rdt_collector import RdtCollector
 from rmd_agent.plan.workload import Workload
 from rmd_agent.power.sampler import PowerSampler
+from rmd_agent.server.http_endpoints import HealthHttpServer
 from rmd_sim.hosttree import MAX_ENERGY_RANGE_UJ, write_host_tree
 from rmd_sim.load import SimLoad
 from rmd_sim.spec import NodeSpec
@@ -166,15 +167,20 @@ def prometheus_binary() -> str:
 
 @contextlib.asynccontextmanager
 async def serving(nodes: list[SimNode]) -> AsyncIterator[None]:
-    """Each node's registry on its own loopback port; samplers (and RDT refreshers) running as tasks."""
-    servers = []
+    """Each node's registry on its own loopback port, served by the agent's /metrics endpoint (so
+    Prometheus parses the text the agent writes); samplers (and RDT refreshers) running as tasks."""
+
+    async def ready() -> tuple[bool, str]:
+        return True, ""
+
+    servers: list[HealthHttpServer] = []
     stop = asyncio.Event()
     tasks = []
     try:
         for node in nodes:
-            server, _thread = start_http_server(0, addr="127.0.0.1", registry=node.registry)
+            server = HealthHttpServer(node.registry, ready)
             servers.append(server)
-            node.port = server.server_port
+            node.port = await server.start("127.0.0.1:0")
             tasks.append(asyncio.create_task(node.sampler.run(stop)))
             if node.rdt is not None:
                 tasks.append(asyncio.create_task(node.rdt.run(SAMPLE_INTERVAL, stop)))
@@ -183,8 +189,7 @@ async def serving(nodes: list[SimNode]) -> AsyncIterator[None]:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         for server in servers:
-            server.shutdown()
-            server.server_close()
+            await server.close()
 
 
 async def wait_for_sample(node: SimNode, limit: float = 10.0) -> None:

@@ -4,6 +4,12 @@ Reading cgroups costs one small file per pod and per container, where Kepler's p
 /proc/<pid>/stat for every process on the node (reference §2.1, §8). Pod cgroups are found by walking the
 kubelet's pod root a fixed two levels deep (QoS directory, pod) and named by `cgroup_paths`, so both cgroup
 drivers and every QoS class are covered without knowing the kubelet's configuration.
+
+At 500 pods a sample reads some 1,500 files, so the reader remembers each pod's container directories
+instead of listing every pod directory (dozens of entries each on a real node) every time. A pod is listed
+again when a remembered container's file is gone (it exited or restarted), when the pod's own CPU time has
+grown more than its known containers' by `UNEXPLAINED_NS` since the listing (a new container is running),
+and in any case every `RELIST_EVERY` reads (a new container that has not run yet).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ PROC_STAT = "proc/stat"
 POD_ROOTS = ("kubepods.slice", "kubepods", "kubelet.slice/kubelet-kubepods.slice", "kubelet/kubepods")
 V1_CPUACCT = ("cpu,cpuacct", "cpuacct,cpu", "cpuacct", "cpu")
 _QOS_DIR_NAMES = {"burstable", "besteffort"}
+UNEXPLAINED_NS = 10_000_000  # 10 ms of a pod's CPU time in no known container: list the pod again
+RELIST_EVERY = 30
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,20 @@ def _subdirs(path: str) -> list[str]:
         return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
 
 
+@dataclass
+class _KnownPod:
+    """A pod directory as last listed: its containers' ids, runtimes and usage files, and the pod's and
+    the containers' summed CPU time at that listing."""
+
+    uid: str
+    qos: QoS
+    usage_path: str
+    containers: list[tuple[str, str, str]]  # (id, runtime, usage file)
+    pod_ns: int = 0
+    containers_ns: int = 0
+    reads: int = 0
+
+
 class CgroupCpuReader:
     """Reads pod and container CPU time on every `read()`; finds the pod root on first use."""
 
@@ -130,8 +152,12 @@ class CgroupCpuReader:
         self.fs = fs
         self.root: PodRoot | None = None
         self.status: Unsupported | None = Unsupported("pod cgroups not looked for yet")
+        self._known: dict[str, _KnownPod] = {}  # pod directory -> as last listed
+        self._pod_names: dict[str, tuple[str, QoS] | None] = {}  # directory name -> parse_pod_dir
+        self.listings = 0  # pod directories listed, for tests and the benchmark
 
     def discover(self) -> Unsupported | None:
+        self._known = {}
         found = find_pod_root(self.fs)
         if isinstance(found, Unsupported):
             self.root, self.status = None, found
@@ -139,26 +165,20 @@ class CgroupCpuReader:
         self.root, self.status = found, None
         return None
 
-    def read(self) -> PodCpuReading:
-        if self.root is None and self.discover() is not None:
-            return PodCpuReading({}, complete=False, errors=(str(self.status),))
+    def _pod(self, name: str, parents: tuple[str, ...]) -> tuple[str, QoS] | None:
+        key = f"{'/'.join(parents)}/{name}"
+        if key not in self._pod_names:
+            self._pod_names[key] = parse_pod_dir(name, parents)
+        return self._pod_names[key]
+
+    def _pod_dirs(self, base: str, errors: list[str]) -> list[tuple[str, str, QoS]] | None:
         assert self.root is not None
-        usage_file = "cpu.stat" if self.root.version == 2 else "cpuacct.usage"
-        base = str(self.fs.path(self.root.hierarchy))
         parents = tuple(self.root.root.split("/"))
-        pods: dict[str, PodCpu] = {}
-        unreadable: set[str] = set()
-        errors: list[str] = []
-        try:
-            top = _subdirs(os.path.join(base, self.root.root))
-        except OSError as exc:
-            where = f"/{self.root.hierarchy}/{self.root.root}"
-            self.root = None  # rediscover next time: the kubelet may have been reconfigured
-            return PodCpuReading({}, complete=False, errors=(f"{where}: {exc.strerror}",))
+        top = _subdirs(os.path.join(base, self.root.root))  # OSError: the caller's
         pod_dirs: list[tuple[str, str, QoS]] = []
         for name in top:
             rel = f"{self.root.root}/{name}"
-            pod = parse_pod_dir(name, parents)
+            pod = self._pod(name, parents)
             if pod is not None:
                 pod_dirs.append((rel, *pod))
             elif name in _QOS_DIR_NAMES or name.endswith(("-burstable.slice", "-besteffort.slice")):
@@ -168,28 +188,84 @@ class CgroupCpuReader:
                     errors.append(f"{rel}: {exc.strerror}")
                     continue
                 for child in children:
-                    pod = parse_pod_dir(child, (*parents, name))
+                    pod = self._pod(child, (*parents, name))
                     if pod is not None:
                         pod_dirs.append((f"{rel}/{child}", *pod))
-        for rel, uid, qos in pod_dirs:
+        if len(self._pod_names) > 4 * len(pod_dirs) + 64:  # forget names of pods long gone
+            self._pod_names = {}
+        return pod_dirs
+
+    def _list(self, pod_path: str, uid: str, qos: QoS, usage_file: str) -> _KnownPod:
+        self.listings += 1
+        containers = []
+        for child in _subdirs(pod_path):
+            parsed = parse_container_dir(child)
+            if parsed is not None:
+                containers.append((parsed[1], parsed[0], f"{pod_path}/{child}/{usage_file}"))
+        return _KnownPod(uid, qos, f"{pod_path}/{usage_file}", containers)
+
+    def _read_containers(self, known: _KnownPod, version: int) -> dict[str, tuple[str, int]] | None:
+        """The known containers' CPU time, or None when one of them is gone (list the pod again)."""
+        out: dict[str, tuple[str, int]] = {}
+        try:
+            for cid, runtime, path in known.containers:
+                out[cid] = (runtime, _read_usage_ns(path, version))
+        except FileNotFoundError:
+            return None
+        return out
+
+    def read(self) -> PodCpuReading:
+        if self.root is None and self.discover() is not None:
+            return PodCpuReading({}, complete=False, errors=(str(self.status),))
+        assert self.root is not None
+        version = self.root.version
+        usage_file = "cpu.stat" if version == 2 else "cpuacct.usage"
+        base = str(self.fs.path(self.root.hierarchy))
+        pods: dict[str, PodCpu] = {}
+        unreadable: set[str] = set()
+        errors: list[str] = []
+        try:
+            pod_dirs = self._pod_dirs(base, errors)
+        except OSError as exc:
+            where = f"/{self.root.hierarchy}/{self.root.root}"
+            self.root = None  # rediscover next time: the kubelet may have been reconfigured
+            self._known = {}
+            return PodCpuReading({}, complete=False, errors=(f"{where}: {exc.strerror}",))
+        known_before, self._known = self._known, {}
+        for rel, uid, qos in pod_dirs or ():
             pod_path = f"{base}/{rel}"
+            known = known_before.get(rel)
             try:
-                usage = _read_usage_ns(f"{pod_path}/{usage_file}", self.root.version)
-                containers: dict[str, tuple[str, int]] = {}
-                for child in _subdirs(pod_path):
-                    parsed = parse_container_dir(child)
-                    if parsed is None:
-                        continue
-                    try:
-                        cpu = _read_usage_ns(f"{pod_path}/{child}/{usage_file}", self.root.version)
-                    except FileNotFoundError:
-                        continue  # the container exited between listing and reading
-                    containers[parsed[1]] = (parsed[0], cpu)
+                fresh = known is None or known.reads + 1 >= RELIST_EVERY
+                if fresh:
+                    known = self._list(pod_path, uid, qos, usage_file)
+                assert known is not None
+                usage = _read_usage_ns(known.usage_path, version)
+                containers = self._read_containers(known, version)
+                if not fresh and (
+                    containers is None
+                    or (usage - known.pod_ns) - (_total(containers) - known.containers_ns) > UNEXPLAINED_NS
+                ):
+                    known = self._list(pod_path, uid, qos, usage_file)
+                    fresh = True
+                    containers = self._read_containers(known, version)
+                if containers is None:  # a container exited between listing and reading
+                    known = self._list(pod_path, uid, qos, usage_file)
+                    containers = self._read_containers(known, version) or {}
+                if fresh:
+                    known.pod_ns, known.containers_ns, known.reads = usage, _total(containers), 0
+                else:
+                    known.reads += 1
             except FileNotFoundError:
                 continue  # the pod went away between listing and reading
             except (OSError, ValueError) as exc:
                 unreadable.add(uid)
                 errors.append(f"{rel}: {getattr(exc, 'strerror', None) or exc}")
                 continue
+            self._known[rel] = known
             pods[uid] = PodCpu(uid, qos, usage, containers)
         return PodCpuReading(pods, True, frozenset(unreadable), tuple(errors))
+
+
+def _total(containers: dict[str, tuple[str, int]]) -> int:
+    return sum(usage for _runtime, usage in containers.values())

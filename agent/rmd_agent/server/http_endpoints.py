@@ -16,9 +16,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from rmd_agent.errors import ConfigError
+from rmd_agent.metrics import exposition
 from rmd_agent.settings import split_host_port
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class HealthHttpServer:
             status = HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE
             return _response(status, f"{'ok' if ok else reason}\n".encode(), "text/plain", is_head)
         if path == "/metrics":
-            return _response(HTTPStatus.OK, generate_latest(self.registry), CONTENT_TYPE_LATEST, is_head)
+            return _response(HTTPStatus.OK, exposition.generate(self.registry), CONTENT_TYPE_LATEST, is_head)
         return _response(
             HTTPStatus.NOT_FOUND, b"not found: try /healthz, /readyz or /metrics\n", "text/plain", is_head
         )
