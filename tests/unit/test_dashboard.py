@@ -1,6 +1,6 @@
 """The Grafana dashboard the chart ships: valid JSON, sound layout, and every PromQL query names only metrics
-the agent or the operator exports (their catalogs); promtool parses every query. Also: the catalog covers metrics defined
-elsewhere (gRPC server) and docs/metrics.md is what the generator writes."""
+the agent or the operator exports (their catalogs); promtool parses every query. Also: the catalog covers
+metrics defined elsewhere (gRPC server) and docs/metrics.md is what the generator writes."""
 
 from __future__ import annotations
 
