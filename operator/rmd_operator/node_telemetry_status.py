@@ -19,8 +19,14 @@ from rmd_operator.telemetry.state import Transition
 Entry = dict[str, Any]
 
 
+def _complete(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The entry with `value` and `time` always named: a merge patch keeps every key it leaves out, so a
+    source without a value (replaced, or not fetched since a restart) must say null to clear the old one."""
+    return {"value": None, "time": None, **entry}
+
+
 def _without_time(entry: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k != "time"}
+    return {k: v for k, v in _complete(entry).items() if k != "time"}
 
 
 def sources_patch(
@@ -35,7 +41,7 @@ def sources_patch(
     patch: dict[str, Entry | None] = {}
     current: dict[str, SourceSnapshot] = {snap.kind: snap for snap in snapshots}
     for kind, snap in current.items():
-        entry = snap.status()
+        entry = _complete(snap.status())
         old = written.get(kind)
         changed = old is None or _without_time(old) != _without_time(entry)
         refresh = old is not None and entry.get("time") != old.get("time")

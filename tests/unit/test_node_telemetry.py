@@ -81,8 +81,9 @@ def merged(api: FakeApi, name: str) -> dict[str, Any]:
             for kind, entry in status["sources"].items():
                 if entry is None:
                     sources.pop(kind, None)
-                else:
-                    sources[kind] = entry
+                else:  # a merge patch: null removes a key, other keys are kept
+                    merged_entry = {**sources.get(kind, {}), **entry}
+                    sources[kind] = {k: v for k, v in merged_entry.items() if v is not None}
     return sources
 
 
@@ -254,3 +255,14 @@ def test_metrics_listen_is_off_by_default_and_telemetry_on() -> None:
     settings = load_settings({}, {})
     assert settings.metrics_listen == "" and settings.node_telemetry is True
     assert load_settings({"metrics_listen": "0.0.0.0:8081"}, {}).metrics_listen == "0.0.0.0:8081"
+
+
+def test_a_source_without_a_value_clears_the_value_the_status_held() -> None:
+    """A merge patch keeps every key it does not name: a source replaced (new endpoint) or an operator that
+    restarted must not leave the old value in the status next to conditions saying there is none."""
+    held = {"deltaP": {"value": "7.5", "time": "2026-01-02T03:04:05Z", "conditions": []}}
+    patch = sources_patch([snap(None, 0.0)], held, 1000.0, {})
+    entry = patch["deltaP"]
+    assert entry is not None and entry["value"] is None and entry["time"] is None
+    # and once cleared, nothing more to write
+    assert sources_patch([snap(None, 0.0)], {"deltaP": entry}, 1001.0, {"deltaP": 1000.0}) == {}
