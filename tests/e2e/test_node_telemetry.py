@@ -379,3 +379,8 @@ def test_wrong_credentials_and_a_wrong_ca_are_told_in_the_status(env: Env, bmc: 
     assert "certificate verify failed" in message and "caBundleSecret" in message
     env.wait_event("badca", "Warning", "TLSError", "inletTemp: ")
     assert env.condition("badca", "deltaP", "Available")[:2] == ("True", "Fetched")  # type: ignore[index]
+    # Deleted: its runners stop and its series leave the metrics.
+    assert f'nodeconfig="{env.namespace}/badca"' in env.metrics()
+    env.objects.delete_namespaced_custom_object(GROUP, VERSION, env.namespace, NODE_CONFIG.plural, "badca")
+    env.wait(lambda: f'nodeconfig="{env.namespace}/badca"' not in env.metrics(), "badca's series gone")
+    assert f'nodeconfig="{env.namespace}/badauth"' in env.metrics()
