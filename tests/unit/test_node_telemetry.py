@@ -10,14 +10,17 @@ from typing import Any
 
 import aiohttp
 import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from rmd_operator.errors import ConfigError
 from rmd_operator.metrics_http import MetricsServer
-from rmd_operator.node_telemetry import NodeTelemetry, cpu_percent
+from rmd_operator.node_telemetry import NodeTelemetry, TelemetryKubeApi, cpu_percent
 from rmd_operator.node_telemetry_status import sources_patch
 from rmd_operator.settings import load_settings
 from rmd_operator.status import EventText
+from rmd_operator.telemetry.errors import CollectError
 from rmd_operator.telemetry.manager import SourceSnapshot
 from rmd_operator.telemetry.metrics import TelemetryCollector
 
@@ -266,3 +269,64 @@ def test_a_source_without_a_value_clears_the_value_the_status_held() -> None:
     assert entry is not None and entry["value"] is None and entry["time"] is None
     # and once cleared, nothing more to write
     assert sources_patch([snap(None, 0.0)], {"deltaP": entry}, 1001.0, {"deltaP": 1000.0}) == {}
+
+
+class FakeCore:
+    """CoreV1Api's read_namespaced_secret: an answer per (namespace, name), or the status to fail with."""
+
+    def __init__(self, answers: Mapping[tuple[str, str], Any]) -> None:
+        self.answers = answers
+
+    def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> Any:
+        answer = self.answers[(namespace, name)]
+        if isinstance(answer, int):
+            raise ApiException(status=answer, reason="Forbidden" if answer == 403 else "Not Found")
+        return client.V1Secret(data=answer)
+
+
+def kube_api(answers: Mapping[tuple[str, str], Any]) -> TelemetryKubeApi:
+    api = TelemetryKubeApi(client.ApiClient(client.Configuration()))
+    api._core = FakeCore(answers)
+    return api
+
+
+async def test_secrets_are_decoded_missing_is_none_and_forbidden_says_which_namespace_to_grant() -> None:
+    api = kube_api({(NS, "auth"): {"username": "YWRtaW4="}, (NS, "gone"): 404, ("other", "auth"): 403})
+    try:
+        assert await api.read_secret(NS, "auth") == {"username": b"admin"}
+        assert await api.read_secret(NS, "gone") is None
+        with pytest.raises(CollectError) as raised:
+            await api.read_secret("other", "auth")
+        assert raised.value.reason == "InvalidConfig"
+        assert "may not read Secret other/auth" in raised.value.message
+        assert "nodeTelemetry.secretNamespaces" in raised.value.message
+    finally:
+        api.close()
+
+
+class FakeMetricsApi:
+    def __init__(self, usage: str | None) -> None:
+        self.usage = usage
+
+    def get_cluster_custom_object(self, group: str, version: str, plural: str, name: str, **_: Any) -> Any:
+        assert (group, version, plural) == ("metrics.k8s.io", "v1beta1", "nodes")
+        if self.usage is None:
+            raise ApiException(status=404, reason="Not Found")  # no metrics-server
+        return {"metadata": {"name": name}, "usage": {"cpu": self.usage, "memory": "1Gi"}}
+
+
+class FakeNodes:
+    def read_node(self, name: str, **_: Any) -> Any:
+        return client.V1Node(status=client.V1NodeStatus(capacity={"cpu": "4", "memory": "8Gi"}))
+
+
+async def test_cpu_usage_from_node_metrics_else_none() -> None:
+    api = TelemetryKubeApi(client.ApiClient(client.Configuration()))
+    api._core = FakeNodes()
+    try:
+        api._objects = FakeMetricsApi("1600m")
+        assert await api.cpu_usage("worker-1") == 40.0
+        api._objects = FakeMetricsApi(None)
+        assert await api.cpu_usage("worker-1") is None  # the predictor then reports InputsUnavailable
+    finally:
+        api.close()
