@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
@@ -11,6 +12,10 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+# Shared helper modules under tests/ (telemetry_peers.py) import by their name in any test folder: with
+# --import-mode=importlib this directory is on no path otherwise.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Before any test module imports grpc: see rmd_sim/__init__.py (tests start agents, kubelets and the operator
 # as subprocesses while in-process gRPC servers run).

@@ -18,6 +18,9 @@ kopf's file mode (it would put this directory on sys.path).
     NodeConfigTemplate, NodeConfig (wao.bitmedia.co.jp; unless node_config_templates is false), indexed with
                   the Nodes' InternalIPs: any change of them or of a Node wakes node_config_sync.TemplateSync,
                   which keeps each template's NodeConfigs and writes the templates' status.
+    NodeConfig    (unless node_telemetry is false) each event goes to node_telemetry.NodeTelemetry: its
+                  collectors started, replaced or stopped; they write its status.sources and Events, and
+                  their values are served on metrics_listen's /metrics.
     Pod           only pods bound to a node with a container limit on intel.com/l3_cache_ways: the pod flow
                   (pod_flow.py) creates their RmdWorkloads, and reacts to those workloads' status through the
                   RmdWorkload events. Standalone, pods come through our own watch (pod_watch.py), which keeps
@@ -30,7 +33,8 @@ trigger the wake-ups: they need no last-handled annotation, so the operator neve
 RmdNodeStates except the Ready condition of one whose heartbeat expired (and to RmdWorkloads only their status
 and its finalizer; the pod flow writes the RmdWorkloads
 of pods, and deletes pods whose request failed unless delete_failed_pods is false). Pods are never annotated.
-The template controller writes NodeConfigs (those of templates) and NodeConfigTemplates' status only.
+The template controller writes NodeConfigs (those of templates) and NodeConfigTemplates' status only; the
+collectors write NodeConfigs' status only.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import kopf
+from prometheus_client import CollectorRegistry
 
 from rmd_api.agent_certs import SIGNER_NAME
 from rmd_api.names import NODE_CONFIG, NODE_CONFIG_TEMPLATE, RMD_NODE_STATE, RMD_WORKLOAD
@@ -53,6 +58,7 @@ from rmd_operator.errors import ConfigError, RetryLater
 from rmd_operator.events import EventPoster
 from rmd_operator.heartbeats import AgentLiveness, Seen
 from rmd_operator.kube import NodeStateApi, StatusWriter
+from rmd_operator.metrics_http import MetricsServer
 from rmd_operator.node_config_api import NodeConfigApi
 from rmd_operator.node_config_plan import (
     Node,
@@ -63,12 +69,14 @@ from rmd_operator.node_config_plan import (
     template_of,
 )
 from rmd_operator.node_config_sync import Inputs, TemplateSync
+from rmd_operator.node_telemetry import NodeTelemetry, TelemetryKubeApi
 from rmd_operator.pod_flow import PodFlow
 from rmd_operator.pod_objects import PodObjectsApi
 from rmd_operator.pod_watch import BOUND, PodWatch, wanted
 from rmd_operator.reconcile import Reconciler
 from rmd_operator.settings import OperatorSettings, active
 from rmd_operator.targets import Cluster, NodeAgent, node_agent
+from rmd_operator.telemetry.metrics import TelemetryCollector
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +207,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             retry_max=SETTINGS.retry_max_seconds,
         )
         memo.template_sync_task = asyncio.create_task(template_sync.run(), name="node-config-templates")
+    registry = CollectorRegistry()
+    if SETTINGS.node_telemetry:
+        memo.node_telemetry = node_telemetry = NodeTelemetry(await TelemetryKubeApi.create(), events.post)
+        registry.register(TelemetryCollector(node_telemetry.manager))
+    if SETTINGS.metrics_listen:
+        memo.metrics_server = metrics_server = MetricsServer(registry)
+        try:
+            port = await metrics_server.start(SETTINGS.metrics_listen)
+        except ConfigError as exc:  # the port is taken: retrying will not help
+            raise kopf.PermanentError(str(exc)) from None
+        log.info("metrics on %s (port %d)", SETTINGS.metrics_listen, port)
     if not SETTINGS.peering:
         # One watch per handled namespace (the RBAC may allow pods there only), else one for all.
         memo.pod_watch_api = api = await PodWatch.api_client()
@@ -245,6 +264,13 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         template_sync_task.cancel()
         await asyncio.gather(template_sync_task, return_exceptions=True)
         await asyncio.to_thread(memo.node_config_api.close)
+    metrics_server: MetricsServer | None = memo.get("metrics_server")
+    if metrics_server is not None:
+        await metrics_server.close()
+    node_telemetry: NodeTelemetry | None = memo.get("node_telemetry")
+    if node_telemetry is not None:
+        await node_telemetry.close()
+        await asyncio.to_thread(node_telemetry.api.close)
     liveness_task: asyncio.Task[None] | None = memo.get("liveness_task")
     if liveness_task is not None:
         liveness_task.cancel()
@@ -413,6 +439,22 @@ if SETTINGS.node_config_templates:
     @kopf.on.event(*NODE_CONFIGS, when=workload_in_scope)
     async def node_config_event(memo: kopf.Memo, **kwargs: Any) -> None:
         _templates_changed(memo, kwargs)
+
+
+# -- NodeConfigs' collectors (node_telemetry.py; docs/telemetry-collectors.md) ------------------------------
+
+
+if SETTINGS.node_telemetry:
+
+    @kopf.on.event(*NODE_CONFIGS, when=workload_in_scope)
+    async def node_config_telemetry(
+        type: str | None,  # noqa: A002
+        body: kopf.Body,
+        memo: kopf.Memo,
+        **_: Any,
+    ) -> None:
+        node_telemetry: NodeTelemetry = memo.node_telemetry
+        await node_telemetry.changed(type, body)
 
 
 # -- the agents' serving certificates (only with a signer CA) ----------------------------------------------

@@ -114,6 +114,13 @@ class OperatorSettings:
     liveness_listen: str = field(
         default="0.0.0.0:8080", metadata={"help": "host:port of the /healthz liveness endpoint; empty: none"}
     )
+    metrics_listen: str = field(
+        default="",
+        metadata={
+            "help": "host:port of the Prometheus /metrics endpoint (node telemetry); empty: none (the chart "
+            "sets 0.0.0.0:8081)"
+        },
+    )
     log_format: str = field(default="text", metadata={"help": "log format: text or json"})
     log_level: str = field(default="info", metadata={"help": "log level: debug, info, warning or error"})
     watch_timeout_seconds: int = field(
@@ -146,6 +153,14 @@ class OperatorSettings:
         metadata={
             "help": "keep one NodeConfig per node matching each NodeConfigTemplate (in the handled "
             "namespaces); false where wao-core's controller still does it"
+        },
+    )
+
+    node_telemetry: bool = field(
+        default=True,
+        metadata={
+            "help": "collect each NodeConfig's inlet temperature, pressure and predicted power (in the "
+            "handled namespaces) into its status and the metrics; false where wao-core's adapter does it"
         },
     )
 
@@ -192,6 +207,12 @@ def _check(s: OperatorSettings) -> None:
         raise ConfigError(f"setting list_page_size: must be at least 1, not {s.list_page_size}")
     if s.watch_timeout_seconds <= 0:
         raise ConfigError(f"setting watch_timeout_seconds: must be positive, not {s.watch_timeout_seconds}")
+    if s.metrics_listen:
+        host, sep, port = s.metrics_listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(
+                f"setting metrics_listen: {s.metrics_listen!r} must be host:port, e.g. 0.0.0.0:8081"
+            )
     if not s.node_state_namespace:
         raise ConfigError("setting node_state_namespace: must name the namespace of the RmdNodeStates")
 

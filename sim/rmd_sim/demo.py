@@ -4,7 +4,8 @@ A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-schedu
 simulated nodes worker-node-1..3 (each: simulated hardware with RDT, MBA and RAPL, a simulated kubelet joined
 to the API server, a real agent over mTLS). It applies the sample manifests (rmd-operator users' samples when
 ../shared/samples exists, else examples/), lets the nodes burn some simulated CPU, and prints what happened:
-each workload per node, one node's NUMA topology as the scheduler sees it, a few power figures. Everything
+each workload per node, one node's NUMA topology as the scheduler sees it, a few power figures, and one node's
+telemetry from a NodeConfig with WAO's Fake sources (as the operator's collectors report it). Everything
 stops at the end unless --stay is given; SIGTERM, SIGINT or SIGHUP stop it at any point, FUSE mounts
 included, with exit status 128 + the signal's number (rmd_sim.stop_signals).
 """
@@ -28,7 +29,13 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from rmd_api.names import CACHE_WAYS_RESOURCE, NODE_RESOURCE_TOPOLOGY, RMD_NODE_STATE, RMD_WORKLOAD
+from rmd_api.names import (
+    CACHE_WAYS_RESOURCE,
+    NODE_CONFIG,
+    NODE_RESOURCE_TOPOLOGY,
+    RMD_NODE_STATE,
+    RMD_WORKLOAD,
+)
 from rmd_sim.cluster import SYSTEM_NAMESPACE, SimCluster
 from rmd_sim.control_plane import repo_root
 from rmd_sim.load import SimLoad
@@ -38,6 +45,19 @@ from rmd_sim.stop_signals import SignalStop
 
 NODES = ("worker-node-1", "worker-node-2", "worker-node-3")
 POWER_INTERVAL = 1.0  # seconds; the agents sample RAPL this often in the demo
+TELEMETRY_NAME = f"{NODES[0]}-fake"
+# WAO's Fake types: fixed values, no BMC or model server needed (docs/telemetry-collectors.md).
+_FAKE_TERM = {"type": "Fake", "fetchInterval": "1s"}
+TELEMETRY_NODE_CONFIG: dict[str, Any] = {
+    "apiVersion": NODE_CONFIG.api_version,
+    "kind": NODE_CONFIG.kind,
+    "metadata": {"name": TELEMETRY_NAME, "namespace": "default"},
+    "spec": {
+        "nodeName": NODES[0],
+        "metricsCollector": {"inletTemp": _FAKE_TERM, "deltaP": _FAKE_TERM},
+        "predictor": {"powerConsumption": _FAKE_TERM},
+    },
+}
 
 
 @contextlib.contextmanager
@@ -133,6 +153,37 @@ def topology_lines(api: Any, node: str) -> list[str]:
         ]
         lines.append(f"    {zone['name']}: " + ", ".join(parts) + "  (available/allocatable)")
     return lines
+
+
+def create_node_config(api: Any) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        NODE_CONFIG.group, NODE_CONFIG.version, "default", NODE_CONFIG.plural, TELEMETRY_NODE_CONFIG
+    )
+
+
+def telemetry_sources(api: Any) -> dict[str, Any]:
+    found: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        NODE_CONFIG.group, NODE_CONFIG.version, "default", NODE_CONFIG.plural, TELEMETRY_NAME
+    )
+    sources: dict[str, Any] = (found.get("status") or {}).get("sources") or {}
+    return sources
+
+
+def telemetry_complete(sources: dict[str, Any]) -> bool:
+    return len(sources) == 3 and all("value" in entry for entry in sources.values())
+
+
+def telemetry_lines(api: Any) -> list[str]:
+    sources = telemetry_sources(api)
+
+    def value(kind: str, unit: str) -> str:
+        entry = sources.get(kind) or {}
+        return f"{entry['value']} {unit}" if "value" in entry else "-"
+
+    return [
+        f"  {NODES[0]}: inlet {value('inletTemp', '°C')}, deltaP {value('deltaP', 'Pa')}, predicted power "
+        f"{value('powerConsumption', 'W')} (NodeConfig default/{TELEMETRY_NAME}, Fake types)"
+    ]
 
 
 def pod_lines(api: Any) -> list[str]:
@@ -262,11 +313,13 @@ async def show(cluster: SimCluster, stay: bool, began: float) -> bool:
     applied = apply_samples(cluster, directory)
     step(f"applied {len(applied)} manifests from {directory}", began)
     with cluster.api_client() as api:
+        await asyncio.to_thread(create_node_config, api)  # its Fake values arrive while the workloads settle
         stop = asyncio.Event()
         load = asyncio.create_task(run_load(cluster, api, stop))
         try:
             settled = await wait_for(lambda: all_settled(api), 60)
             await asyncio.sleep(3 * POWER_INTERVAL)  # a few power samples under load
+            await wait_for(lambda: telemetry_complete(telemetry_sources(api)), 10)
             step("workloads settled" if settled else "some workloads still pending after 60 s", began)
             print_summary(cluster, api, stay)
             if stay:
@@ -286,6 +339,7 @@ def print_summary(cluster: SimCluster, api: Any, stay: bool) -> None:
         ("Pods asking for cache ways", pod_lines(api)),
         ("NodeResourceTopology (what topology-aware scheduling sees)", topology_lines(api, NODES[0])),
         ("Power (RAPL, simulated load)", power_lines(cluster)),
+        ("Node telemetry (a NodeConfig's status, from the operator's collectors)", telemetry_lines(api)),
     ]
     for title, lines in sections:
         print(f"\n{title}:")
@@ -299,6 +353,7 @@ def print_summary(cluster: SimCluster, api: Any, stay: bool) -> None:
         f"  kubectl get {RMD_WORKLOAD.plural} -A; kubectl get {RMD_NODE_STATE.plural} -n {SYSTEM_NAMESPACE}"
     )
     print(f"  kubectl get {NODE_RESOURCE_TOPOLOGY.plural} -o yaml; read docs/how-it-works.md", flush=True)
+    print(f"  kubectl get {NODE_CONFIG.plural} -A   (docs/telemetry.md)", flush=True)
 
 
 def _run(args: argparse.Namespace) -> int:

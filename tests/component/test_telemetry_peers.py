@@ -8,27 +8,22 @@
   trains, over the V2 inference protocol;
 * a differential-pressure endpoint (no public implementation exists: a small HTTP server here).
 
-Locally a missing peer skips these tests; with CI set it fails them.
+The peers are started by tests/telemetry_peers.py (shared with the e2e test). Locally a missing peer skips
+these tests; with CI set it fails them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-import bcrypt
 import pytest
-import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rmd_operator.telemetry.manager import SourceSnapshot, TelemetryManager
@@ -36,51 +31,29 @@ from rmd_operator.telemetry.metrics import TelemetryCollector
 from rmd_operator.telemetry.runner import Outcome
 from rmd_operator.telemetry.spec import parse_node_config
 from rmd_sim.netutil import free_port
-from rmd_sim.pki import CertificateAuthority
+from telemetry_peers import (
+    EMULATOR_INLET,
+    PASSWORD,
+    USER,
+    PressureApi,
+    expected_watts,
+    make_pki,
+    require_sushy_tools,
+    stop,
+    wait_http,
+)
+from telemetry_peers import (
+    mlserver as run_mlserver,
+)
+from telemetry_peers import (
+    redfish_emulator as run_redfish_emulator,
+)
 
-REPO = Path(__file__).resolve().parents[2]
 NS = "wao-system"
 NODE = "worker-node-1"
-USER, PASSWORD = "admin", "s3cret"
 PRESSURE = 7.25
 CPU = 40.0
 INTERVAL = "1s"
-# The model the test trains: watts = 100 + 2 cpu + 1.5 inlet + 0.5 pressure (exact for a linear regression).
-TRAIN = "100 + 2 * c + 1.5 * t + 0.5 * p"
-
-
-def expected_watts(cpu: float, inlet: float, pressure: float) -> float:
-    return 100 + 2 * cpu + 1.5 * inlet + 0.5 * pressure
-
-
-def require(reason: str | None) -> None:
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"test peer required in CI: {reason}")
-        pytest.skip(reason)
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 60.0, **kw: Any) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{proc.args} exited with {proc.returncode}")
-        try:
-            if requests.get(url, timeout=1, **kw).status_code < 500:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} did not answer in {timeout}s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # -- peers ------------------------------------------------------------------------------------------------
@@ -88,50 +61,13 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    directory = tmp_path_factory.mktemp("pki")
-    ca, other = CertificateAuthority("bmc-ca"), CertificateAuthority("some-other-ca")
-    server = ca.issue_server("bmc", dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-    (directory / "tls.crt").write_bytes(server.cert_pem + ca.cert_pem)
-    (directory / "tls.key").write_bytes(server.key_pem)
-    (directory / "ca.crt").write_bytes(ca.cert_pem)
-    return {
-        "ca": ca.cert_pem,
-        "other": other.cert_pem,
-        "cert": directory / "tls.crt",
-        "key": directory / "tls.key",
-        "ca_file": directory / "ca.crt",
-    }
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
 def redfish_emulator(tmp_path_factory: pytest.TempPathFactory, pki: dict[str, Any]) -> Iterator[str]:
-    require(None if find_spec("sushy_tools") else "sushy-tools is not installed (pip install -e '.[dev]')")
-    work = tmp_path_factory.mktemp("sushy")
-    htpasswd = work / "htpasswd"
-    htpasswd.write_text(f"{USER}:{bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()}\n")
-    config = work / "emulator.conf"
-    config.write_text(
-        f"SUSHY_EMULATOR_AUTH_FILE = {str(htpasswd)!r}\nSUSHY_EMULATOR_STATE_DIR = {str(work / 'state')!r}\n"
-    )
-    port = free_port()
-    cmd = [sys.executable, "-m", "sushy_tools.emulator.main", "--config", str(config), "--fake"]
-    cmd += [
-        "-i",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "--ssl-certificate",
-        str(pki["cert"]),
-        "--ssl-key",
-        str(pki["key"]),
-    ]
-    log = (work / "emulator.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_http(f"https://127.0.0.1:{port}/redfish/v1/", proc, verify=str(pki["ca_file"]))
-        yield f"https://127.0.0.1:{port}"
-    finally:
-        stop(proc)
+    with run_redfish_emulator(tmp_path_factory.mktemp("sushy"), pki) as url:
+        yield url
 
 
 def write_mockup(root: Path, docs: Mapping[str, Any]) -> None:
@@ -144,7 +80,7 @@ def write_mockup(root: Path, docs: Mapping[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def static_redfish(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[Mapping[str, Any]], str]]:
     """Starts sushy-static on a mockup the test describes; returns its URL."""
-    require(None if find_spec("sushy_tools") else "sushy-tools is not installed (pip install -e '.[dev]')")
+    require_sushy_tools()
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(docs: Mapping[str, Any]) -> str:
@@ -174,47 +110,9 @@ def static_redfish(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
             stop(proc)
 
 
-class PressureApi:
-    """The differential-pressure endpoint: GET /api/sensor/by_nodename/<node>. Stoppable and restartable."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.server: ThreadingHTTPServer | None = None
-
-    def start(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path != f"/api/sensor/by_nodename/{NODE}":
-                    self.send_error(404)
-                    return
-                body = json.dumps(
-                    {"code": 200, "sensor": [{"pressure": PRESSURE, "sensorid": "1", "temperature": 26.0}]}
-                )
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(body.encode())
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
 @pytest.fixture
 def pressure_api() -> Iterator[PressureApi]:
-    api = PressureApi()
+    api = PressureApi(NODE, PRESSURE)
     api.start()
     yield api
     api.stop()
@@ -222,49 +120,8 @@ def pressure_api() -> Iterator[PressureApi]:
 
 @pytest.fixture(scope="module")
 def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    venv = Path(os.environ.get("RMD_MLSERVER_VENV", REPO / ".venv-mlserver"))
-    require(
-        None if (venv / "bin" / "mlserver").exists() else f"MLServer is not installed in {venv} (./dev setup)"
-    )
-    work = tmp_path_factory.mktemp("mlserver")
-    model = work / "models" / "power"
-    model.mkdir(parents=True)
-    train = (
-        "import sys, joblib\nfrom sklearn.linear_model import LinearRegression\n"
-        "X = [[c, t, p] for c in (10, 50, 90) for t in (18, 30) for p in (2, 12)]\n"
-        f"y = [{TRAIN} for c, t, p in X]\n"
-        "joblib.dump(LinearRegression().fit(X, y), sys.argv[1])\n"
-    )
-    subprocess.run(
-        [str(venv / "bin" / "python"), "-c", train, str(model / "model.joblib")], check=True, timeout=120
-    )
-    settings = {
-        "name": "power",
-        "implementation": "mlserver_sklearn.SKLearnModel",
-        "parameters": {"uri": "./model.joblib", "version": "v0.1.0"},
-    }
-    (model / "model-settings.json").write_text(json.dumps(settings))
-    port = free_port()
-    env = {
-        **os.environ,
-        "MLSERVER_HOST": "127.0.0.1",
-        "MLSERVER_HTTP_PORT": str(port),
-        "MLSERVER_GRPC_PORT": str(free_port()),
-        "MLSERVER_METRICS_PORT": str(free_port()),
-        "MLSERVER_PARALLEL_WORKERS": "0",  # in-process inference: its worker pool breaks with recent uvloop
-    }
-    log = (work / "mlserver.log").open("wb")
-    proc = subprocess.Popen(
-        [str(venv / "bin" / "mlserver"), "start", str(work / "models")],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/v2/models/power/ready", proc, timeout=120)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(proc)
+    with run_mlserver(tmp_path_factory.mktemp("mlserver")) as url:
+        yield url
 
 
 # -- helpers ----------------------------------------------------------------------------------------------
@@ -360,12 +217,12 @@ async def test_values_from_real_peers_reach_the_metrics_within_two_intervals(
     try:
         await manager.apply(f"{NS}/worker", parse_node_config(NS, "worker", spec))
         label = f'{{node="{NODE}",nodeconfig="{NS}/worker"}}'
-        watts = expected_watts(CPU, 25.0, PRESSURE)
+        watts = expected_watts(CPU, EMULATOR_INLET, PRESSURE)
         await until(
             lambda: all(
                 line in scrape(manager)
                 for line in (
-                    f"rmd_node_inlet_temperature_celsius{label} 25.0",
+                    f"rmd_node_inlet_temperature_celsius{label} {EMULATOR_INLET}",
                     f"rmd_node_differential_pressure_pascals{label} {PRESSURE}",
                 )
             ),
@@ -468,7 +325,9 @@ async def test_skipping_verification_only_when_asked(redfish_emulator: str, pki:
     term = redfish_term(redfish_emulator, ca="other-ca", insecureSkipVerify=True)
     try:
         await manager.apply(f"{NS}/skip", parse_node_config(NS, "skip", nodeconfig(term)))
-        await until(lambda: snapshot(manager, "inletTemp").value == 25.0, 4.0, "value without verification")
+        await until(
+            lambda: snapshot(manager, "inletTemp").value == EMULATOR_INLET, 4.0, "value without verification"
+        )
     finally:
         await manager.close()
 

@@ -308,11 +308,19 @@ def test_default_render(helm: Helm) -> None:
     assert op_pod["securityContext"]["fsGroup"] == op_pod["securityContext"]["runAsUser"]
     assert tls_volume["projected"]["defaultMode"] & 0o040
 
-    service = find(docs, "Service")
+    service = find(docs, "Service", "rel-rmd-agent")
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"].items() <= pod_labels(agent).items()
     assert service["spec"]["selector"]
     assert not service["spec"]["selector"].items() <= pod_labels(operator).items()
+    # The operator's /metrics (node telemetry), on its own Service.
+    assert {p["name"]: p["containerPort"] for p in op_ctr["ports"]} == {"liveness": 8080, "metrics": 8081}
+    assert env_of(op_ctr)["RMD_OPERATOR_METRICS_LISTEN"]["value"] == "0.0.0.0:8081"
+    op_service = find(docs, "Service", "rel-rmd-operator")
+    assert op_service["spec"]["selector"].items() <= pod_labels(operator).items()
+    assert op_service["spec"]["ports"] == [
+        {"name": "http-metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
+    ]
 
     assert "ServiceMonitor" not in kinds(docs)
     dashboard = find(docs, "ConfigMap", "rel-rmd-dashboard")
@@ -365,7 +373,10 @@ def test_default_rbac_is_least_privilege(helm: Helm) -> None:
         ("certificates.k8s.io", "certificatesigningrequests/status"),
         ("wao.bitmedia.co.jp", "nodeconfigs"),  # those of NodeConfigTemplates
         ("wao.bitmedia.co.jp", "nodeconfigtemplates/status"),
+        ("wao.bitmedia.co.jp", "nodeconfigs/status"),  # the collectors' values and conditions
     }
+    # The predictor's CPU input: reads only.
+    assert {("", "nodes", "get"), ("metrics.k8s.io", "nodes", "get")} <= operator_rules
     assert ("wao.bitmedia.co.jp", "nodeconfigs", "update") not in operator_rules  # patched, uid-conditional
     cluster_rules = find(docs, "ClusterRole", "rel-rmd-rmd-operator-cluster")["rules"]
     signer_rules = [r for r in cluster_rules if "signers" in r["resources"]]
@@ -428,16 +439,38 @@ def test_non_default_render(helm: Helm, values_file: Path) -> None:
     workload_rules = rules_of(find(docs, "ClusterRole", "rmd-x-ops-operator-workloads"))
     assert ("", "pods", "delete") not in workload_rules
     assert ("", "pods/finalizers", "update") in workload_rules
-    # node_config_templates: false (wao-core's controller keeps them): no rights to wao-core's objects.
-    assert not [r for r in workload_rules if r[0] == "wao.bitmedia.co.jp"]
+    # node_config_templates: false (wao-core's controller keeps them): no rights to templates; the collectors
+    # (node_telemetry, on) read NodeConfigs and write their status only.
+    assert {r for r in workload_rules if r[0] == "wao.bitmedia.co.jp"} == {
+        ("wao.bitmedia.co.jp", "nodeconfigs", "get"),
+        ("wao.bitmedia.co.jp", "nodeconfigs", "list"),
+        ("wao.bitmedia.co.jp", "nodeconfigs", "watch"),
+        ("wao.bitmedia.co.jp", "nodeconfigs/status", "patch"),
+    }
+    # Secrets: get only, bound by RoleBindings in the watched namespaces (nodeTelemetry.secretNamespaces
+    # unset), not in the release namespace and never cluster-wide.
+    assert rules_of(find(docs, "ClusterRole", "rmd-x-ops-operator-secrets")) == {("", "secrets", "get")}
+    secret_bindings = [
+        d
+        for d in docs
+        if d["kind"].endswith("Binding") and d["roleRef"]["name"] == "rmd-x-ops-operator-secrets"
+    ]
+    assert {(b["kind"], b["metadata"]["namespace"]) for b in secret_bindings} == {
+        ("RoleBinding", "team-a"),
+        ("RoleBinding", "team-b"),
+    }
     assert env_of(container(find(docs, "Deployment")))["RMD_OPERATOR_NAMESPACES"]["value"] == "team-a,team-b"
 
-    monitor = find(docs, "ServiceMonitor")
-    service = find(docs, "Service")
-    assert monitor["metadata"]["labels"]["release"] == "prom"
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == [service["spec"]["ports"][0]["name"]]
-    assert service["spec"]["ports"][0]["port"] == 9100
+    for name, port in (("rmd-x-agent", 9100), ("rmd-x-operator", 8081)):
+        monitor = find(docs, "ServiceMonitor", name)
+        service = find(docs, "Service", name)
+        assert monitor["metadata"]["labels"]["release"] == "prom"
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert [e["port"] for e in monitor["spec"]["endpoints"]] == [service["spec"]["ports"][0]["name"]]
+        assert service["spec"]["ports"][0]["port"] == port
+    assert not find(docs, "ServiceMonitor", "rmd-x-agent")["spec"]["selector"]["matchLabels"].items() <= (
+        find(docs, "Service", "rmd-x-operator")["metadata"]["labels"].items()
+    )
     dashboard = find(docs, "ConfigMap", "rmd-x-dashboard")
     assert dashboard["metadata"]["namespace"] == "monitoring"
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "rmd"
@@ -543,6 +576,8 @@ def test_settings_the_programs_load_from_the_rendered_pods(
         mounted_file(docs, operator, str(path))
     liveness = next(p["containerPort"] for p in container(operator)["ports"] if p["name"] == "liveness")
     assert op.liveness_listen.endswith(f":{liveness}")
+    metrics = next(p["containerPort"] for p in container(operator)["ports"] if p["name"] == "metrics")
+    assert op.metrics_listen == f"0.0.0.0:{metrics}"
     # The name the operator expects from node N's agent is the one that agent asks for; the operator signs
     # for the agents' ServiceAccount only, with the CA mounted from its Secret.
     assert settings.tls_server_name == op.agent_server_name

@@ -44,6 +44,8 @@ def test_demo_applies_the_samples_and_cleans_up() -> None:
     out = result.stdout
     for expected in ("workloads settled", "RmdWorkloads, per node:", "NodeResourceTopology", "Power (RAPL"):
         assert expected in out, expected
+    # One node's telemetry with WAO's Fake types, as the operator's collectors wrote it into the status.
+    assert "inlet 15.5 °C, deltaP 7.5 Pa, predicted power 3.14 W" in out
     assert "Failed" not in out and "Pending" not in out
     assert "stopped; nothing left running" in out
     assert len(out.splitlines()) <= 60  # fits on one screen

@@ -63,6 +63,7 @@ OPERATOR_SET_BY_CHART = {
     "peering",
     "priority",
     "liveness_listen",
+    "metrics_listen",  # from operator.ports.metrics
     "instance",
 }
 # The JSON schema types for each Python type of a setting (lists: a YAML list or a comma-separated string)
@@ -186,7 +187,7 @@ def test_wao_crds_are_templated_behind_their_value() -> None:
     assert "{{- if .Values.nodeTelemetry.installCRDs }}" in template
     assert '.Files.Glob "wao-crds/*.yaml"' in template and "fromYaml" in template
     assert '"helm.sh/resource-policy" "keep"' in template
-    assert load_values()["nodeTelemetry"] == {"installCRDs": True}
+    assert load_values()["nodeTelemetry"] == {"installCRDs": True, "secretNamespaces": []}
     ignore = (CHART / ".helmignore").read_text().split()
     assert not any(p.startswith("wao-crds") for p in ignore)
     assert any(

@@ -1,6 +1,6 @@
 """The Grafana dashboard the chart ships: valid JSON, sound layout, and every PromQL query names only metrics
-the agent exports (the catalog); promtool parses every query. Also: the catalog covers metrics defined
-elsewhere (gRPC server) and docs/metrics.md is what the generator writes."""
+the agent or the operator exports (their catalogs); promtool parses every query. Also: the catalog covers
+metrics defined elsewhere (gRPC server) and docs/metrics.md is what the generator writes."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from rmd_agent.metrics import catalog
 from rmd_agent.server.metrics import GrpcMetrics
+from rmd_operator.telemetry import catalog as operator_catalog
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "charts/rmd/dashboards/rmd.json"
@@ -119,7 +120,7 @@ def test_dashboard_is_valid_grafana_json() -> None:
 
 
 def test_every_query_names_exported_metrics_only() -> None:
-    exported = catalog.all_series_names()
+    exported = catalog.all_series_names() | {m.name for m in operator_catalog.METRICS}
     seen: set[str] = set()
     for expr in queries(load_dashboard()):
         names = metric_names(substitute(expr))
@@ -128,6 +129,12 @@ def test_every_query_names_exported_metrics_only() -> None:
         seen |= names
     # what the issue asks the dashboard to show
     assert {"rmd_node_power_watts", "rmd_pod_energy_joules_total", "rmd_workload_cache_ways"} <= seen
+    # issue #15: a panel of the NodeConfig values (the operator's), per node
+    assert {
+        "rmd_node_inlet_temperature_celsius",
+        "rmd_node_differential_pressure_pascals",
+        "rmd_node_predicted_power_watts",
+    } <= seen
 
 
 def test_promtool_parses_every_query(tmp_path: Path) -> None:

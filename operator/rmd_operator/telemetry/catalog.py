@@ -15,10 +15,12 @@ GROUPS = (
     Group(
         "telemetry",
         "Node telemetry (operator)",
-        "Exported by the operator (`rmd_operator.telemetry.metrics.TelemetryCollector`), one series per "
-        "NodeConfig source: inlet temperature over Redfish, differential pressure, power predicted over the "
-        "V2 inference protocol ([telemetry-collectors.md](telemetry-collectors.md)). A value older than "
-        "its TTL (4 fetch intervals) is stale and not exported; its age still is.",
+        "Exported by the operator (`rmd_operator.telemetry.metrics.TelemetryCollector`) at `/metrics` on "
+        "its `metrics_listen` address (the chart: port 8081, Service `<release>-rmd-operator`, and a "
+        "ServiceMonitor with `serviceMonitor.enabled`), one series per NodeConfig source: inlet temperature "
+        "over Redfish, differential pressure, power predicted over the V2 inference protocol "
+        "([telemetry-collectors.md](telemetry-collectors.md)). A value older than its TTL (4 fetch "
+        "intervals) is stale and not exported; its age still is.",
     ),
 )
 

@@ -221,10 +221,12 @@ class TelemetryManager:
             raise CollectError(INPUTS_UNAVAILABLE, f"no fresh {', '.join(missing)} for node {node}")
         return PredictorInputs(cpu, inlet, delta_p)
 
-    def snapshot(self) -> list[SourceSnapshot]:
+    def snapshot(self, only: str | None = None) -> list[SourceSnapshot]:
+        """Every source's snapshot, or only those of NodeConfig `only` (a status write needs no others)."""
         now = self._wall()
         out = []
-        for key, config in sorted(self._configs.items()):
+        configs = self._configs if only is None else {k: c for k, c in self._configs.items() if k == only}
+        for key, config in sorted(configs.items()):
             spec = config.spec
             for _kind, running in sorted(config.sources.items()):
                 state = running.state
