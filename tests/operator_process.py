@@ -14,13 +14,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from rmd_sim.control_plane import ControlPlane
 
 _PR_SET_PDEATHSIG = 1
+_T = TypeVar("_T")
 
 
 def _die_with_parent() -> None:
@@ -73,6 +74,26 @@ class Operator:
             start_new_session=True,
             preexec_fn=_die_with_parent,  # noqa: PLW1509  # only a prctl runs in the child
         )
+
+    def wait_for(
+        self,
+        predicate: Callable[[], _T | None],
+        what: Callable[[], str] | str,
+        timeout: float,
+        interval: float = 0.2,
+    ) -> _T:
+        """Poll `predicate` until it returns something true; on timeout fail with the operator's log."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                said = what() if callable(what) else what
+                raise AssertionError(
+                    f"timed out waiting for {said}\n--- operator log ---\n{self.log()[-6000:]}"
+                )
+            time.sleep(interval)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -10,7 +10,6 @@ through the status subresource as a kubelet would.
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -104,17 +103,7 @@ class Env:
     def wait(
         self, predicate: Callable[[], _T | None], what: Callable[[], str] | str, timeout: float = WAIT
     ) -> _T:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                said = what() if callable(what) else what
-                raise AssertionError(
-                    f"timed out waiting for {said}\n--- operator log ---\n{self.operator.log()[-6000:]}"
-                )
-            time.sleep(0.2)
+        return self.operator.wait_for(predicate, what, timeout, 0.2)
 
     def wait_configs(self, names: set[str]) -> dict[str, Obj]:
         """The namespace's NodeConfigs, once they are exactly `names`."""

@@ -172,17 +172,7 @@ class Env:
     def wait(
         self, predicate: Callable[[], _T | None], what: Callable[[], str] | str, timeout: float = WAIT
     ) -> _T:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                said = what() if callable(what) else what
-                raise AssertionError(
-                    f"timed out waiting for {said}\n--- operator log ---\n{self.operator.log()[-6000:]}"
-                )
-            time.sleep(0.1)
+        return self.operator.wait_for(predicate, what, timeout, 0.1)
 
     def wait_condition(self, name: str, source: str, kind: str, status: str, reason: str) -> str:
         def check() -> str | None:
