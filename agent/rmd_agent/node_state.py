@@ -33,6 +33,7 @@ from rmd_agent.kube import KubeObjectClient, merge_patch
 from rmd_agent.kube_object_writer import ABSENT, Change, Desire, ObjectRef, ObjectWriter, node_owner_reference
 from rmd_agent.settings import AgentSettings, split_host_port
 from rmd_api.cpuset import format_cpu_list
+from rmd_api.kube_time import format_time
 from rmd_api.names import RMD_NODE_STATE
 from rmd_api.node_state import (
     AGENT_READY,
@@ -112,10 +113,6 @@ def stopped_readiness() -> Readiness:
         AGENT_STOPPED,
         "the agent stopped; the workloads listed stay in place on the node until it is back",
     )
-
-
-def format_time(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def ready_condition(readiness: Readiness, previous: Sequence[Mapping[str, Any]], now: datetime) -> Obj:

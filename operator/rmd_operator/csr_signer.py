@@ -19,6 +19,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rmd_api.kube_time import format_time
 from rmd_operator.agent_certs import Signer, needs_action, review, true_conditions
 from rmd_operator.errors import ConfigError
 from rmd_operator.kube import load_configuration
@@ -73,7 +74,7 @@ class AgentCertificateSigner:
                     "status": "True",
                     "reason": verdict.reason,
                     "message": verdict.message,
-                    "lastUpdateTime": _now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "lastUpdateTime": format_time(_now()),
                 }
                 await self._patch("approval", name, {"status": {"conditions": [condition]}})
                 log.info(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from rmd_api.kube_time import format_time
 from rmd_api.node_state import HEARTBEAT_EXPIRED, LEASE_PREFIX, READY
 
 log = logging.getLogger(__name__)
@@ -112,10 +113,6 @@ class HeartbeatMonitor:
     def next_deadline(self) -> float | None:
         deadlines = [b.deadline for b in self._beats.values() if not b.expired]
         return min(deadlines) if deadlines else None
-
-
-def format_time(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def expired_message(namespace: str, lease: str, renewal: Renewal) -> str:

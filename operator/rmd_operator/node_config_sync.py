@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
+from rmd_api.kube_time import now_time as _now
 from rmd_api.names import NODE_CONFIG_TEMPLATE
 from rmd_api.node_config import INVALID, WRITE_FAILED
 from rmd_operator.node_config_api import WriteError
@@ -53,10 +53,6 @@ class Inputs:
     templates: Sequence[Template]
     nodes: Sequence[Node]
     configs: Sequence[NodeConfig]
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass

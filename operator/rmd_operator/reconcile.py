@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmd_api.kube_time import now_time as _utc_now
 from rmd_operator import status as st
 from rmd_operator.backoff import Backoff
 from rmd_operator.errors import RetryLater, SpecError
@@ -65,10 +65,6 @@ class _Memory:
     reconciled_generation: int | None = None
     spec_error: str | None = None
     attached: bool = False
-
-
-def _utc_now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _meta(body: Mapping[str, Any]) -> tuple[str, str, str, int]:
