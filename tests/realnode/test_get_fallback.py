@@ -12,7 +12,6 @@ import pytest
 
 from rmd_sim.realnode.stack import RELEASE_NAMESPACE, RealStack, wait_for
 
-WAYS = "intel.com/l3_cache_ways"
 NAMESPACE = "get-fallback"
 LEGACY_KUBELET = "kubelet-1.33"
 
@@ -49,12 +48,7 @@ def test_without_get_the_pod_flow_falls_back_to_list(stack: RealStack) -> None:
     if not (stack.control_plane.bin_dir / LEGACY_KUBELET).exists():
         pytest.fail(f"{LEGACY_KUBELET} is not built (tools/build-binaries.sh builds it)")
 
-    def free_ways() -> bool:  # what earlier tests held is back: the pod below needs two ways
-        nrt = stack.get_json("noderesourcetopology", stack.node.name)
-        ways = next(r for z in nrt["zones"] for r in z["resources"] if r["name"] == WAYS)
-        return bool(ways["available"] == ways["allocatable"])
-
-    wait_for("every cache way free", free_ways, timeout=60)
+    stack.wait_nothing_held()  # the pod below needs the node's exclusive CPU and two ways
     stack.node.restart_kubelet(binary=LEGACY_KUBELET, feature_gates={"KubeletPodResourcesGet": False})
     try:
         version = stack.get_json("node", stack.node.name)["status"]["nodeInfo"]["kubeletVersion"]

@@ -57,6 +57,7 @@ def allocatable_ways(stack: RealStack) -> str | None:
 
 @contextlib.contextmanager
 def running_cache_pod(stack: RealStack) -> Iterator[str]:
+    stack.wait_nothing_held()  # the pod needs the node's exclusive CPU
     stack.create_namespace(NAMESPACE)
     try:
         stack.create(stack.cache_pod("held", NAMESPACE))

@@ -240,6 +240,25 @@ class RealStack:
             name, namespace, self.container("app", resources), annotations={"app_cache_min": str(ways)}
         )
 
+    def wait_nothing_held(self, timeout: float = 60.0) -> None:
+        """Wait until the node's NodeResourceTopology shows every exclusive CPU and cache way free again.
+
+        A test that measures what a pod takes starts from here: what an earlier test held (its pods deleted,
+        its kubelet restarted) is released and published a moment later, and a baseline read before that is
+        wrong for good."""
+
+        def free() -> bool:
+            nrt = self.get_json("noderesourcetopology", self.node.name)
+            held = [
+                r["name"]
+                for zone in (nrt or {}).get("zones", [])
+                for r in zone["resources"]
+                if r["name"] in ("cpu", CACHE_WAYS) and r["available"] != r["allocatable"]
+            ]
+            return nrt is not None and not held
+
+        wait_for("every exclusive CPU and cache way free in the NodeResourceTopology", free, timeout)
+
     def workload_entry(self, namespace: str, name: str) -> Obj:
         """This node's entry in the RmdWorkload's status ({} while there is none)."""
         workload = self.get_json("rmdworkload", "-n", namespace, name) or {}
