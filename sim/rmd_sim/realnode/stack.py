@@ -249,13 +249,21 @@ class RealStack:
 
         def free() -> bool:
             nrt = self.get_json("noderesourcetopology", self.node.name)
-            held = [
-                r["name"]
+            found = {
+                r["name"]: r
                 for zone in (nrt or {}).get("zones", [])
                 for r in zone["resources"]
-                if r["name"] in ("cpu", CACHE_WAYS) and r["available"] != r["allocatable"]
-            ]
-            return nrt is not None and not held
+                if r["name"] in ("cpu", CACHE_WAYS)
+            }
+            # A kubelet that has just restarted offers no ways until the plugin registers again: zero of zero
+            # free is no baseline.
+            ways = self.node_cache_ways()
+            return (
+                len(found) == 2
+                and all(r["available"] == r["allocatable"] for r in found.values())
+                and ways > 0
+                and int(found[CACHE_WAYS]["allocatable"]) == ways
+            )
 
         wait_for("every exclusive CPU and cache way free in the NodeResourceTopology", free, timeout)
 
