@@ -119,6 +119,14 @@ class AgentSettings:
     nrt_min_write_interval_seconds: float = field(
         default=1.0, metadata={"help": "least time between NodeResourceTopology refreshes (bounds writes)"}
     )
+    nrt_requeue_seconds: float = field(
+        default=4.0,
+        metadata={
+            "help": "after a refresh that changed the NodeResourceTopology, write it once more this much "
+            "later (an annotation only), so a scheduler that rejected a pod from its stale cache retries it "
+            "once its cache has resynced; 0 turns it off"
+        },
+    )
     nrt_poll_seconds: float = field(
         default=2.0,
         metadata={

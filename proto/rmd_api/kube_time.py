@@ -14,3 +14,8 @@ def format_time(moment: datetime) -> str:
 def now_time() -> str:
     """The current time as a Kubernetes Time."""
     return format_time(datetime.now(UTC))
+
+
+def now_micro_time() -> str:
+    """The current time as a Kubernetes MicroTime (microseconds), for values that must differ every time."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -50,3 +50,7 @@ NODE_CONFIG_TEMPLATE = CustomResource(
 )
 
 CACHE_WAYS_RESOURCE = "intel.com/l3_cache_ways"
+
+# Written on a NodeResourceTopology a moment after each change (agent setting nrt_requeue_seconds), so the
+# NUMA-aware scheduler retries the pods it rejected from its stale cache (docs/topology.md).
+NRT_REQUEUE_ANNOTATION = "rmd.intel.com/nrt-requeue"

@@ -36,7 +36,7 @@ from rmd_agent.nrt.zones import CacheWays
 from rmd_agent.observe.caches import read_l3_caches
 from rmd_agent.plan.workload import Workload
 from rmd_agent.settings import AgentSettings
-from rmd_api.names import CACHE_WAYS_RESOURCE
+from rmd_api.names import CACHE_WAYS_RESOURCE, NRT_REQUEUE_ANNOTATION
 from rmd_sim.control_plane import ControlPlane
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.kubelet import ContainerSpec, Device, SimKubelet
@@ -304,6 +304,39 @@ async def test_exclusive_pod_lowers_available_and_its_deletion_restores_it(
 
         after = await eventually(restored, "available cpu to come back")
         assert attributes(after)["nodeTopologyPodsFingerprint"] == initial_pfp  # the same pod set again
+
+
+async def test_a_change_is_written_again_one_requeue_delay_later_and_then_nothing(
+    control_plane: ControlPlane, sim_node: SimNode
+) -> None:
+    """The echo for the NUMA-aware scheduler (docs/topology.md): after an allocation change, one more update
+    event, annotation only, `nrt_requeue_seconds` later; a node where nothing changes gets no write."""
+    requeue = 1.0
+    async with exporting(control_plane, sim_node, **WATCH_ONLY, nrt_requeue_seconds=requeue) as (_, kubelet):
+        created = await published(sim_node)
+        await asyncio.sleep(requeue + 0.5)  # the creation's own echo
+        before = await sim_node.nrt()
+        assert before is not None and before["metadata"]["annotations"].get(NRT_REQUEUE_ANNOTATION)
+        assert before["zones"] == created["zones"]
+
+        kubelet.add_pod("e2e", "pinned", "uid-pinned", [ContainerSpec("c", "2", "2", "1Gi", "1Gi")])
+        seen: list[tuple[float, Obj]] = []  # each new resourceVersion, when this client saw it
+        deadline = time.monotonic() + requeue + 3.0
+        while time.monotonic() < deadline:
+            obj = await sim_node.nrt()
+            last = seen[-1][1] if seen else before
+            if obj and obj["metadata"]["resourceVersion"] != last["metadata"]["resourceVersion"]:
+                seen.append((time.monotonic(), obj))
+            await asyncio.sleep(0.02)
+
+    assert len(seen) == 2, [o["metadata"]["resourceVersion"] for _, o in seen]
+    (changed_at, changed), (echoed_at, echoed) = seen
+    assert changed["zones"] != before["zones"]  # the allocation
+    assert echoed["zones"] == changed["zones"] and echoed["attributes"] == changed["attributes"]
+    stamps = [o["metadata"]["annotations"][NRT_REQUEUE_ANNOTATION] for o in (before, changed, echoed)]
+    assert stamps[0] == stamps[1] != stamps[2]  # only the echo moved it
+    print(f"change seen -> echo seen: {echoed_at - changed_at:.2f}s (nrt_requeue_seconds {requeue:g})")
+    assert requeue - 0.2 <= echoed_at - changed_at <= requeue + 1.0
 
 
 async def test_fingerprint_is_stable_while_pods_do_not_change(

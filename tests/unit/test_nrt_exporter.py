@@ -24,6 +24,7 @@ from rmd_agent.nrt import fingerprint
 from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider, sysfs_l3_provider
 from rmd_agent.nrt.zones import CacheWays, NodeTopology
 from rmd_agent.settings import AgentSettings
+from rmd_api.names import NRT_REQUEUE_ANNOTATION
 from rmd_sim.kubelet import write_atomically
 
 
@@ -153,10 +154,85 @@ async def test_a_failed_refresh_is_retried_and_verified(host: Path) -> None:
     assert publisher.calls[1][0] - publisher.calls[0][0] >= 1.0 - 0.01  # backoff
 
 
+class WritingPublisher:
+    """An API server's view: a publish changes the object when the topology or an annotation differs from
+    what it holds. Records (monotonic time, verify, annotations) of each publish."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, bool, dict[str, str]]] = []
+        self.held: tuple[NodeTopology, dict[str, str]] | None = None
+
+    async def publish(self, topology: NodeTopology, annotations: Mapping[str, str], *, verify: bool) -> str:
+        self.calls.append((time.monotonic(), verify, dict(annotations)))
+        merged = {**(self.held[1] if self.held else {}), **annotations}
+        if self.held == (topology, merged):
+            return "unchanged"
+        outcome = "created" if self.held is None else "replaced"
+        self.held = (topology, merged)
+        return outcome
+
+
+async def test_a_change_is_echoed_once_after_the_requeue_delay_and_a_quiet_node_writes_nothing(
+    host: Path,
+) -> None:
+    exp = exporter(
+        host, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=600.0, nrt_requeue_seconds=0.2
+    )
+    publisher = WritingPublisher()
+    task = await run_loop(exp, publisher)  # type: ignore[arg-type]
+    try:
+        await until(lambda: len(publisher.calls) == 2)
+        await asyncio.sleep(0.6)  # three more delays: no second echo, the object is settled
+        exp.poke("nothing changed")  # a refresh that publishes nothing new arms nothing either
+        await asyncio.sleep(0.4)
+    finally:
+        await stop(exp, task)
+    (created, _, first), (echoed, verify, second) = publisher.calls[0], publisher.calls[1]
+    assert echoed - created >= 0.2 - 0.01 and not verify
+    assert second.pop(NRT_REQUEUE_ANNOTATION) and second == first
+    assert len(publisher.calls) == 2 and exp.echoes == 1  # the poke's refresh found nothing to write
+
+
+async def test_a_burst_of_changes_is_echoed_once_after_the_last(host: Path) -> None:
+    exp = exporter(
+        host, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=600.0, nrt_requeue_seconds=0.3
+    )
+    publisher = WritingPublisher()
+    task = await run_loop(exp, publisher, ChangingKubelet())  # type: ignore[arg-type]
+    try:
+        await until(lambda: len(publisher.calls) == 1)
+        for _ in range(4):  # each 0.1 s apart: every change re-arms the echo
+            await asyncio.sleep(0.1)
+            exp.poke("changed")
+        await until(lambda: exp.echoes == 1)
+        await asyncio.sleep(0.5)
+    finally:
+        await stop(exp, task)
+    echoes = [t for t, _, annotations in publisher.calls if NRT_REQUEUE_ANNOTATION in annotations]
+    changes = [t for t, _, annotations in publisher.calls if NRT_REQUEUE_ANNOTATION not in annotations]
+    assert len(echoes) == 1 and len(changes) == 5
+    assert echoes[0] - changes[-1] >= 0.3 - 0.01
+
+
+async def test_no_echo_when_the_requeue_delay_is_zero(host: Path) -> None:
+    exp = exporter(
+        host, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=600.0, nrt_requeue_seconds=0.0
+    )
+    publisher = WritingPublisher()
+    task = await run_loop(exp, publisher)  # type: ignore[arg-type]
+    try:
+        await until(lambda: len(publisher.calls) == 1)
+        await asyncio.sleep(0.5)
+    finally:
+        await stop(exp, task)
+    assert len(publisher.calls) == 1 and exp.echoes == 0
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
         ({"node_name": ""}, "node_name is required"),
+        ({"nrt_requeue_seconds": -1.0}, "nrt_requeue_seconds must not be negative"),
         ({"nrt_pods_fingerprint_method": "some"}, "nrt_pods_fingerprint_method"),
         ({"nrt_resync_seconds": 0.0}, "nrt_resync_seconds must be positive"),
         ({"nrt_min_write_interval_seconds": -1.0}, "must not be negative"),

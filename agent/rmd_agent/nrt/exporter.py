@@ -59,6 +59,8 @@ from rmd_agent.observe.caches import read_l3_caches
 from rmd_agent.observe.numa import NumaNode, read_numa_nodes
 from rmd_agent.power.cgroup_paths import QoS
 from rmd_agent.settings import AgentSettings
+from rmd_api.kube_time import now_micro_time
+from rmd_api.names import NRT_REQUEUE_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,11 @@ def _same(a: Sequence[object], b: Sequence[object]) -> bool:
     return True
 
 
+def _annotations(topology: NodeTopology) -> dict[str, str]:
+    """What every write sets besides the topology: the pods fingerprint where older schedulers look for it."""
+    return {fingerprint.ANNOTATION: topology.attribute(fingerprint.ATTRIBUTE) or ""}
+
+
 def topology_attributes(config: KubeletConfig, pfp: str, method: str) -> dict[str, str]:
     return {
         ATTRIBUTE_TM_POLICY: config.topology_manager_policy,
@@ -181,8 +188,9 @@ class NrtExporter:
         for name in ("nrt_resync_seconds", "nrt_poll_seconds"):
             if getattr(settings, name) <= 0:
                 raise ConfigError(f"setting {name} must be positive")
-        if settings.nrt_min_write_interval_seconds < 0:
-            raise ConfigError("setting nrt_min_write_interval_seconds must not be negative")
+        for name in ("nrt_min_write_interval_seconds", "nrt_requeue_seconds"):
+            if getattr(settings, name) < 0:
+                raise ConfigError(f"setting {name} must not be negative")
         self.settings = settings
         self.fs = HostFS(settings.host_root)
         self.exclude = node_exclusions(settings.nrt_exclude, settings.node_name)
@@ -204,6 +212,7 @@ class NrtExporter:
         self._config: tuple[tuple[int, int, int] | None, KubeletConfig] | None = None
         self._computed: tuple[tuple[object, ...], NodeTopology] | None = None
         self.refreshes = 0  # completed refresh attempts, successful or not (tests wait on it)
+        self.echoes = 0  # requeue writes made
         self.failures = 0
         self.last_topology: NodeTopology | None = None
         self.last_outcome = ""  # created, replaced, unchanged, or failed
@@ -262,12 +271,17 @@ class NrtExporter:
         settings = self.settings
         self._trigger.fire("start")
         next_resync = time.monotonic()  # the first refresh verifies against the API server
+        requeue_at = float("inf")  # when the echo of the last change is due (docs/topology.md)
         last_refresh = float("-inf")
         backoff = 0.0
         while not self._stopping:
-            reasons = await self._trigger.wait(max(0.0, next_resync - time.monotonic()))
+            reasons = await self._trigger.wait(max(0.0, min(next_resync, requeue_at) - time.monotonic()))
             if self._stopping:
                 break
+            if not reasons and requeue_at <= time.monotonic() < next_resync:
+                requeue_at = float("inf")
+                await self._echo(publisher)
+                continue
             # Bound the refresh (and so the write) rate; what fires meanwhile joins this refresh.
             while (delay := last_refresh + settings.nrt_min_write_interval_seconds - time.monotonic()) > 0:
                 reasons |= await self._trigger.wait(delay)
@@ -282,10 +296,11 @@ class NrtExporter:
                 if topology is self.last_topology and not verify:
                     self.last_outcome = "unchanged"  # as published (a resync checks the object itself)
                 else:
-                    pfp = topology.attribute(fingerprint.ATTRIBUTE) or ""
                     self.last_outcome = await publisher.publish(
-                        topology, {fingerprint.ANNOTATION: pfp}, verify=verify
+                        topology, _annotations(topology), verify=verify
                     )
+                    if self.last_outcome != "unchanged" and settings.nrt_requeue_seconds > 0:
+                        requeue_at = time.monotonic() + settings.nrt_requeue_seconds  # a burst re-arms it
                 self.last_topology = topology
                 backoff = 0.0
                 log.debug("refresh (%s): %s", ", ".join(sorted(reasons)) or "resync", self.last_outcome)
@@ -297,6 +312,21 @@ class NrtExporter:
                 next_resync = min(next_resync, time.monotonic() + backoff)
             finally:
                 self.refreshes += 1
+
+    async def _echo(self, publisher: NrtPublisher) -> None:
+        """Write the published object once more, only our requeue annotation changed: the update event makes
+        the scheduler retry the pods it rejected from its cache, which has resynced since the change. A new
+        value every time, since a replace that changes nothing sends no event. A failure is only logged: the
+        echo is a hint, and the object itself is correct."""
+        topology = self.last_topology
+        if topology is None:
+            return
+        annotations = {**_annotations(topology), NRT_REQUEUE_ANNOTATION: now_micro_time()}
+        try:
+            await publisher.publish(topology, annotations, verify=False)
+            self.echoes += 1
+        except Exception as exc:  # see the docstring
+            log.warning("NodeResourceTopology requeue write failed: %s", exc)
 
     async def snapshot(
         self, podres: PodResourcesClient, reasons: Collection[str] | None = None
