@@ -244,7 +244,13 @@ def _deployment(name: str, image: str, replicas: int, resources: Obj, config_tex
                             "name": "kube-scheduler",
                             "image": image,
                             "command": ["/bin/kube-scheduler"],  # the image's binary (scheduler-plugins)
-                            "args": [f"--config={CONFIG_DIR}/{CONFIG_KEY}"],
+                            "args": [
+                                f"--config={CONFIG_DIR}/{CONFIG_KEY}",
+                                # No client-CA lookup in kube-system's extension-apiserver-authentication:
+                                # it would need read access there; bearer tokens (TokenReview, granted by
+                                # system:kube-scheduler) still authenticate scrapers of /metrics.
+                                "--authentication-skip-lookup=true",
+                            ],
                             "ports": [{"name": "https", "containerPort": SECURE_PORT, "protocol": "TCP"}],
                             "livenessProbe": {**_probe(), "initialDelaySeconds": 15, "failureThreshold": 3},
                             "readinessProbe": _probe(),
