@@ -35,7 +35,8 @@ CONFIG_HASH_ANNOTATION = "rmd.intel.com/scheduler-config-hash"  # a new configur
 DEFAULT_SCHEDULER_NAME = "rmd-numa-scheduler"
 SECURE_PORT = 10259  # kube-scheduler's default; /healthz there is allowed without credentials
 CACHE_RESYNC_SECONDS = 5  # numaresources-operator's value, the one measured (numa-scheduler-interop.md)
-# Pods placed by other schedulers that hold exclusive resources are what NRT counts; others do not change it.
+# Of the pods other schedulers place, only those holding exclusive resources change a node's NRT, so only
+# they make the cache resync that node.
 FOREIGN_PODS_DETECT = "OnlyExclusiveResources"
 # The agents' nrt_pods_fingerprint_method -> the cache resync method whose fingerprint equals theirs
 # (scheduler-plugins CacheResyncMethod); the inverse of the table rmdctl validate checks, so both agree.
@@ -108,25 +109,26 @@ def _replicas(spec: Mapping[str, Any]) -> int:
     return replicas
 
 
+def _is_resources(value: object) -> bool:
+    """A container's resources: requests and/or limits, each of resource name -> quantity."""
+    return isinstance(value, Mapping) and all(
+        key in _RESOURCE_KEYS
+        and isinstance(quantities, Mapping)
+        and all(isinstance(q, str | int) and not isinstance(q, bool) for q in quantities.values())
+        for key, quantities in value.items()
+    )
+
+
 def _resources(spec: Mapping[str, Any]) -> Obj:
-    resources = spec.get("resources")
-    if resources is None or resources == {}:
-        return {key: dict(value) for key, value in DEFAULT_RESOURCES.items()}
-    unknown = set(resources) - _RESOURCE_KEYS if isinstance(resources, Mapping) else set()
-    if (
-        not isinstance(resources, Mapping)
-        or unknown
-        or not all(
-            isinstance(v, Mapping) and all(isinstance(q, str | int) for q in v.values())
-            for v in resources.values()
-        )
-    ):
+    resources = spec.get("resources") or DEFAULT_RESOURCES
+    if not _is_resources(resources):
+        unknown = set(resources) - _RESOURCE_KEYS if isinstance(resources, Mapping) else set()
         raise SpecError(
             f"spec.scheduler.resources: {resources!r} must look like a container's resources, "
             "{requests: {cpu: 100m, memory: 128Mi}, limits: {memory: 512Mi}}"
             + (f"; unknown key(s) {', '.join(sorted(map(str, unknown)))}" if unknown else "")
         )
-    return {key: dict(value) for key, value in resources.items()}
+    return {key: dict(quantities) for key, quantities in resources.items()}
 
 
 def _resync_method(fingerprint_method: str) -> str:

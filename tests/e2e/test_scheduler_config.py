@@ -168,7 +168,25 @@ def test_the_operator_binds_exactly_the_schedulers_roles(helm: Callable[..., lis
         assert binding["subjects"] == [operator]
         assert binding["roleRef"]["name"] == name
     role = _find(docs, "Role", "rel-rmd-operator-scheduler")
-    assert role["metadata"]["namespace"] == "rmd"
+    assert role["metadata"]["namespace"] == "rmd"  # the scheduler's namespaced objects: the release's only
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    manage = {"create", "get", "update", "delete"}
+    objects = [
+        ("apps", "deployments"),
+        ("", "configmaps"),
+        ("", "serviceaccounts"),
+        ("rbac.authorization.k8s.io", "roles"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+    ]
+    # ... and what the scheduler's Role grants, which RBAC requires the operator to hold (no escalate).
+    lease = {("coordination.k8s.io", "leases", v) for v in ("create", "get", "update")}
+    assert granted == {(g, r, v) for g, r in objects for v in manage} | lease
 
 
 # -- the objects, created by the operator's identity and run by the real kube-scheduler --------------------
@@ -342,6 +360,9 @@ def test_the_real_kube_scheduler_runs_the_rendered_scheduler(
     kube_scheduler: Path,
     tmp_path: Path,
 ) -> None:
+    """The rendered configuration is accepted by the real kube-scheduler's validation where its plugins allow
+    (NodeResourceTopologyMatch removed: the in-tree kube-scheduler does not have it), and the scheduler runs
+    as the rendered ServiceAccount: it starts, takes its Lease and binds a pod naming its schedulerName."""
     cp, ns, cluster = control_plane, namespace, _cluster(namespace)
     chart = helm(ns, *RMDCONFIG)
     rbac = _scheduler_rbac(chart)
