@@ -8,7 +8,8 @@
   plugins allow: the in-tree kube-scheduler lacks scheduler-plugins' NodeResourceTopologyMatch, so the test
   removes that plugin and its args and keeps everything else (profile, leader election). It runs as the
   rendered ServiceAccount (a token from the TokenRequest API, so its RBAC is the one exercised), takes its
-  leader Lease, and binds a pod naming its schedulerName to a Node object;
+  leader Lease (a second replica waits, and takes over when the first stops), and binds a pod naming its
+  schedulerName to a Node object;
 * the same binary refuses configurations the function must never produce (a duplicate profile, and the
   plugin it does not have), so the check above can fail.
 """
@@ -393,15 +394,26 @@ def test_the_real_kube_scheduler_runs_the_rendered_scheduler(
             config_path = tmp_path / "config.yaml"
             config_path.write_text(yaml.safe_dump(config))
             container = deployment["spec"]["template"]["spec"]["containers"][0]
-            log = tmp_path / "kube-scheduler.log"
-            with _running(kube_scheduler, container, config_path, kubeconfig, log) as (proc, port):
-                _wait("the scheduler's /healthz", lambda: _healthz(proc, port))
-                coordination = client.CoordinationV1Api(api)
-                holder = _wait(
-                    "its leader Lease",
-                    lambda: coordination.read_namespaced_lease(name, ns).spec.holder_identity,
+            logs = [tmp_path / "kube-scheduler-1.log", tmp_path / "kube-scheduler-2.log"]
+            coordination = client.CoordinationV1Api(api)
+
+            def holder() -> str:
+                return str(coordination.read_namespaced_lease(name, ns).spec.holder_identity or "")
+
+            # Two replicas: the first takes the Lease, the second waits and takes over when the first stops.
+            with contextlib.ExitStack() as stack:
+                first, first_port = stack.enter_context(
+                    _running(kube_scheduler, container, config_path, kubeconfig, logs[0])
                 )
-                assert holder
+                _wait("the first replica's /healthz", lambda: _healthz(first, first_port))
+                leader = _wait("its leader Lease", holder)
+                second, second_port = stack.enter_context(
+                    _running(kube_scheduler, container, config_path, kubeconfig, logs[1])
+                )
+                _wait("the second replica's /healthz", lambda: _healthz(second, second_port))
+                assert holder() == leader
+                first.stop()
+                _wait("the standby taking the Lease", lambda: holder() not in ("", leader))
                 core.create_node(_node(node, ns))
                 _ready_status(core, node)
                 core.create_namespaced_pod(ns, _pod(name, ns))
@@ -409,9 +421,10 @@ def test_the_real_kube_scheduler_runs_the_rendered_scheduler(
                     "the pod bound", lambda: core.read_namespaced_pod("numa-pod", ns).spec.node_name
                 )
                 assert bound == node
-                proc.raise_if_exited()
-            # Everything it did, its RBAC allowed.
-            assert "forbidden" not in log.read_text().lower(), log.read_text()[-3000:]
+                second.raise_if_exited()
+            # Everything they did, their RBAC allowed.
+            for log in logs:
+                assert "forbidden" not in log.read_text().lower(), log.read_text()[-3000:]
 
             # Owned by the owner: deleting it removes them (kube-controller-manager's garbage collector).
             rbac_api.delete_cluster_role(owner_name)

@@ -75,6 +75,34 @@ def test_the_cache_resyncs_with_the_method_matching_the_agents_fingerprints(meth
     ]
 
 
+# NodeResourceTopologyMatchArgs as scheduler-plugins defines it (apis/config/v1/types.go, 903da7df): the
+# in-tree kube-scheduler of the e2e test cannot check these, so a misspelt field or value is caught here.
+ARGS_FIELDS = {
+    "scoringStrategy",
+    "cacheResyncPeriodSeconds",
+    "discardReservedNodes",
+    "cache",
+    "preemptionMode",
+}
+CACHE_VALUES = {
+    "foreignPodsDetect": {"None", "All", "OnlyExclusiveResources"},
+    "resyncMethod": {"Autodetect", "All", "OnlyExclusiveResources"},
+    "informerMode": {"Shared", "Dedicated"},
+    "resyncScope": {"All", "OnlyResources"},
+}
+
+
+@pytest.mark.parametrize("method", ["with-exclusive-resources", "all"])
+def test_the_plugin_args_are_scheduler_plugins_own_spelling(method: str) -> None:
+    (profile,) = config_of(render(method=method))["profiles"]
+    (entry,) = profile["pluginConfig"]
+    args = entry["args"]
+    assert set(args) <= ARGS_FIELDS
+    assert isinstance(args["cacheResyncPeriodSeconds"], int) and args["cacheResyncPeriodSeconds"] > 0
+    for key, value in args["cache"].items():
+        assert value in CACHE_VALUES[key], (key, value)
+
+
 @pytest.mark.parametrize("method", ["with-exclusive-resources", "all"])
 def test_rmdctl_validate_finds_the_scheduler_consistent_with_the_agents(method: str) -> None:
     objects = render(method=method)
