@@ -68,6 +68,12 @@ CASES = [
         "rmd_operator.node_config_plan -> kubernetes",
     ),
     (
+        "scheduler-objects-import-kopf",  # the scheduler's objects are computed, not written (#16)
+        {"operator/rmd_operator/scheduler_objects.py": "\nimport kopf  # noqa: E402\n"},
+        "scheduler-objects-are-pure",
+        "rmd_operator.scheduler_objects -> kopf",
+    ),
+    (
         "agent-imports-kubernetes",  # the agent has its own API client (issue #14)
         {"agent/rmd_agent/layering_probe.py": "from kubernetes import client\n"},
         "agent-without-kubernetes",
