@@ -68,7 +68,7 @@ def test_the_cache_resyncs_with_the_method_matching_the_agents_fingerprints(meth
         {
             "name": "NodeResourceTopologyMatch",
             "args": {
-                "cacheResyncPeriodSeconds": 5,
+                "cacheResyncPeriodSeconds": 3,
                 "cache": {"foreignPodsDetect": "OnlyExclusiveResources", "resyncMethod": resync},
             },
         }
@@ -109,7 +109,7 @@ def test_rmdctl_validate_finds_the_scheduler_consistent_with_the_agents(method: 
     (profile,), problems = validate_scheduler.profiles_in(one(objects, "ConfigMap"))
     assert problems == []
     assert profile.numa_aware and profile.scheduler_name == "rmd-numa-scheduler"
-    assert profile.resync_seconds == 5
+    assert profile.resync_seconds == 3
     assert validate_scheduler.RESYNC_NEEDS[profile.resync_method] == method
     assert validate_scheduler.deployment_of(profile, [one(objects, "Deployment")]) is not None
 
