@@ -50,20 +50,22 @@ class Pods:
     async def list(self): raise RuntimeError("no kubelet in this test")
 
 
-async def main(work):
+async def main(work, csr):
     settings = AgentSettings(
         node_name="n1", host_root=work / "host", kubeconfig=str(work / "kubeconfig"),
         nrt_enabled=True, node_state_enabled=True, heartbeat_seconds=5.0, power_enabled=True,
-        device_plugin_enabled=True, tls_csr=True, tls_cert=work / "tls.crt", tls_key=work / "tls.key",
+        device_plugin_enabled=True, tls_csr=csr, tls_cert=work / "tls.crt", tls_key=work / "tls.key",
     )
     registry = CollectorRegistry()
     companions = Companions(settings, Engine(), registry, Pods())
     await companions.start(50051)
-    AgentServer(settings, companions.engine, registry)._serving_certificate()
+    server = AgentServer(settings, companions.engine, registry)
+    if csr:
+        server._serving_certificate()
     await companions.stop(grace=5.0)
 
 
-asyncio.run(main(Path(sys.argv[1])))
+asyncio.run(main(Path(sys.argv[1]), sys.argv[2] == "csr"))
 print(json.dumps(sorted(sys.modules)))
 """
 
@@ -101,18 +103,32 @@ def write_kubeconfig(path: Path, ca: CertificateAuthority) -> None:
     )
 
 
-def test_serve_with_everything_on_never_imports_kubernetes(tmp_path: Path) -> None:
-    (tmp_path / "host").mkdir()
-    write_kubeconfig(tmp_path / "kubeconfig", CertificateAuthority("test-ca"))
+def serve_imports(work: Path, certificates: str) -> list[str]:
+    """The modules the child loaded; `certificates` is "csr" (tls_csr) or "files"."""
+    (work / "host").mkdir()
+    write_kubeconfig(work / "kubeconfig", CertificateAuthority("test-ca"))
     done = subprocess.run(
-        [sys.executable, "-c", SERVE_IMPORTS, str(tmp_path)],
+        [sys.executable, "-c", SERVE_IMPORTS, str(work), certificates],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    loaded = json.loads(done.stdout.splitlines()[-1])
+    loaded: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return loaded
+
+
+def test_serve_with_certificates_as_files_never_imports_cryptography(tmp_path: Path) -> None:
+    """The client's identity comes from gRPC's `peer_dns`, the certificate request is made only with
+    tls_csr: 9 MiB less for an agent given its certificate as files (bench/README.md, agent_grpc.py)."""
+    loaded = serve_imports(tmp_path, "files")
+    assert "rmd_agent.nrt.exporter" in loaded, "the companions were not loaded: the test covers nothing"
+    assert [m for m in loaded if m == "cryptography" or m.startswith("cryptography.")] == []
+
+
+def test_serve_with_everything_on_never_imports_kubernetes(tmp_path: Path) -> None:
+    loaded = serve_imports(tmp_path, "csr")
     # The optional companions were loaded, so their imports were seen.
     for module in (
         "rmd_agent.engine",

@@ -19,7 +19,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -35,11 +35,13 @@ from rmd_agent.kubelet.podresources import PodResourcesClient, pod_resources_cli
 from rmd_agent.server.grpc_service import AgentInterceptor, AgentService
 from rmd_agent.server.http_endpoints import HealthHttpServer
 from rmd_agent.server.metrics import GrpcMetrics
-from rmd_agent.server.serving_cert import ServingCertificate
 from rmd_agent.server.tls import check_allowed_clients, server_credentials
 from rmd_agent.settings import AgentSettings, split_host_port
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.agent_certs import MIN_EXPIRATION_SECONDS
+
+if TYPE_CHECKING:
+    from rmd_agent.server.serving_cert import ServingCertificate
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,10 @@ class AgentServer:
         self._renewal: asyncio.Task[None] | None = None
 
     def _serving_certificate(self) -> ServingCertificate:
+        # Only with tls_csr: the certificate request needs the `cryptography` package (9 MiB), which an agent
+        # given its certificate as files never loads.
+        from rmd_agent.server.serving_cert import ServingCertificate  # noqa: PLC0415  # optional
+
         settings = self.settings
         if self._certificate is None:
             self._certificate = ServingCertificate(
