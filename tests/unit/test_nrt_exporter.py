@@ -172,25 +172,40 @@ class WritingPublisher:
         return outcome
 
 
+class SwitchedKubelet(FakeKubelet):
+    """The List answer changes when the test says so."""
+
+    def __init__(self) -> None:
+        self.pods: list[PodResources] = []
+
+    async def list(self) -> list[PodResources]:
+        return list(self.pods)
+
+
 async def test_a_change_is_echoed_once_after_the_requeue_delay_and_a_quiet_node_writes_nothing(
     host: Path,
 ) -> None:
     exp = exporter(
         host, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=600.0, nrt_requeue_seconds=0.2
     )
-    publisher = WritingPublisher()
-    task = await run_loop(exp, publisher)  # type: ignore[arg-type]
+    publisher, kubelet = WritingPublisher(), SwitchedKubelet()
+    task = await run_loop(exp, publisher, kubelet)  # type: ignore[arg-type]
     try:
-        await until(lambda: len(publisher.calls) == 2)
+        await until(lambda: len(publisher.calls) == 1)
+        await asyncio.sleep(0.5)  # the start created the object: no allocation changed, no echo
+        assert len(publisher.calls) == 1
+        kubelet.pods = [PodResources("ns", "pinned", (ContainerResources("c", frozenset({1})),))]
+        exp.poke("kubelet-state:cpu_manager_state")
+        await until(lambda: len(publisher.calls) == 3)
         await asyncio.sleep(0.6)  # three more delays: no second echo, the object is settled
         exp.poke("nothing changed")  # a refresh that publishes nothing new arms nothing either
         await asyncio.sleep(0.4)
     finally:
         await stop(exp, task)
-    (created, _, first), (echoed, verify, second) = publisher.calls[0], publisher.calls[1]
-    assert echoed - created >= 0.2 - 0.01 and not verify
+    (changed, _, first), (echoed, verify, second) = publisher.calls[1], publisher.calls[2]
+    assert echoed - changed >= 0.2 - 0.01 and not verify
     assert second.pop(NRT_REQUEUE_ANNOTATION) and second == first
-    assert len(publisher.calls) == 2 and exp.echoes == 1  # the poke's refresh found nothing to write
+    assert len(publisher.calls) == 3 and exp.echoes == 1  # the last poke's refresh found nothing to write
 
 
 async def test_a_burst_of_changes_is_echoed_once_after_the_last(host: Path) -> None:
@@ -210,7 +225,7 @@ async def test_a_burst_of_changes_is_echoed_once_after_the_last(host: Path) -> N
         await stop(exp, task)
     echoes = [t for t, _, annotations in publisher.calls if NRT_REQUEUE_ANNOTATION in annotations]
     changes = [t for t, _, annotations in publisher.calls if NRT_REQUEUE_ANNOTATION not in annotations]
-    assert len(echoes) == 1 and len(changes) == 5
+    assert len(echoes) == 1 and len(changes) == 5  # the start and four changes
     assert echoes[0] - changes[-1] >= 0.3 - 0.01
 
 
@@ -219,13 +234,15 @@ async def test_no_echo_when_the_requeue_delay_is_zero(host: Path) -> None:
         host, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=600.0, nrt_requeue_seconds=0.0
     )
     publisher = WritingPublisher()
-    task = await run_loop(exp, publisher)  # type: ignore[arg-type]
+    task = await run_loop(exp, publisher, ChangingKubelet())  # type: ignore[arg-type]
     try:
         await until(lambda: len(publisher.calls) == 1)
+        exp.poke("changed")
+        await until(lambda: len(publisher.calls) == 2)
         await asyncio.sleep(0.5)
     finally:
         await stop(exp, task)
-    assert len(publisher.calls) == 1 and exp.echoes == 0
+    assert len(publisher.calls) == 2 and exp.echoes == 0
 
 
 @pytest.mark.parametrize(

@@ -299,8 +299,9 @@ class NrtExporter:
                     self.last_outcome = await publisher.publish(
                         topology, _annotations(topology), verify=verify
                     )
-                    if self.last_outcome != "unchanged" and settings.nrt_requeue_seconds > 0:
-                        requeue_at = time.monotonic() + settings.nrt_requeue_seconds  # a burst re-arms it
+                    # An allocation changed (not a start or a repair): echo it, a burst re-arms the echo.
+                    if self.last_outcome != "unchanged" and not verify and settings.nrt_requeue_seconds > 0:
+                        requeue_at = time.monotonic() + settings.nrt_requeue_seconds
                 self.last_topology = topology
                 backoff = 0.0
                 log.debug("refresh (%s): %s", ", ".join(sorted(reasons)) or "resync", self.last_outcome)
