@@ -8,7 +8,6 @@ is removed. Reads that find nothing return None or an empty list; every refusal 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -80,37 +79,33 @@ class RmdConfigApi:
 
     async def apply(self, obj: Mapping[str, Any]) -> None:
         path = object_path(ObjectRef.of(obj))
-        await self._call(
-            lambda: self._api.call_api(
-                path,
-                "PATCH",
-                query_params=[("fieldManager", MANAGER), ("force", "true")],
-                header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
-                body=json.dumps(obj),  # JSON is YAML; a string is sent as it is
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _preload_content=False,
-                _request_timeout=_TIMEOUT,
-            )
-        )
+        query = [("fieldManager", MANAGER), ("force", "true")]
+        await self._call(lambda: self._raw("PATCH", path, query, "application/apply-patch+yaml", dict(obj)))
 
     async def delete(self, ref: ObjectRef) -> None:
         path = object_path(ref)
         try:
-            await self._call(
-                lambda: self._api.call_api(
-                    path,
-                    "DELETE",
-                    header_params={"Accept": "application/json"},
-                    auth_settings=["BearerToken"],
-                    _return_http_data_only=True,
-                    _preload_content=False,
-                    _request_timeout=_TIMEOUT,
-                )
-            )
+            await self._call(lambda: self._raw("DELETE", path, [], None, None))
         except WriteError as exc:
             if exc.status != 404:
                 raise
+
+    def _raw(
+        self, method: str, path: str, query: list[tuple[str, str]], content_type: str | None, body: Any
+    ) -> None:
+        """One request to a path of any kind (the client's typed methods know one kind each)."""
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type  # JSON is YAML: a dict body is sent as JSON
+        request = self._api.param_serialize(
+            method, path, query_params=query, header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        response = self._api.call_api(*request, _request_timeout=_TIMEOUT)
+        data = response.read()
+        if not 200 <= response.status < 300:
+            raise ApiException(
+                status=response.status, reason=response.reason, body=data.decode(errors="replace")
+            )
 
     async def read_daemonset(self, namespace: str, name: str) -> dict[str, Any] | None:
         found = await self._read(
