@@ -75,7 +75,8 @@ SERVICE_MONITOR_CRD: Obj = {
 }
 
 
-def _helm_template(tmp: Path, namespace: str) -> list[Obj]:
+def _helm_template(tmp: Path, namespace: str, *values: str) -> list[Obj]:
+    """The chart as helm renders it, by default with agent.deployedBy=rmdconfig."""
     try:
         binary = find_bin_dir() / "helm"
     except BinariesNotFound as exc:
@@ -87,6 +88,7 @@ def _helm_template(tmp: Path, namespace: str) -> list[Obj]:
         [
             *(str(binary), "template", RELEASE, str(CHART), "--namespace", namespace),
             *("--set", "agent.deployedBy=rmdconfig", "--set", "nodeTelemetry.installCRDs=false"),
+            *values,
         ],
         capture_output=True,
         text=True,
@@ -310,3 +312,49 @@ def test_the_defaults_the_api_server_fills_in(control_plane: ControlPlane) -> No
             assert spec["serviceMonitor"] == {"enabled": False} and spec["dashboard"] == {"enabled": True}
         finally:
             objects.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "rmdconfig")
+
+
+def _without_tls_checksum(obj: Obj) -> Obj:
+    # Each helm run issues new certificates (nothing to look up): only their checksum differs.
+    obj = json.loads(json.dumps(obj))
+    annotations = obj.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations", {})
+    annotations.pop("checksum/tls", None)
+    return obj
+
+
+def test_the_operators_base_is_the_charts_own_rendering(tmp_path: Path) -> None:
+    """One source of truth: what the chart deploys itself (agent.deployedBy chart) is, object for object, what
+    it hands the operator in the manifests ConfigMap (agent.deployedBy rmdconfig)."""
+    by_chart = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in _helm_template(
+            tmp_path, "rmd", "--set", "agent.deployedBy=chart", "--set", "serviceMonitor.enabled=true"
+        )
+    }
+    docs = _helm_template(tmp_path, "rmd")
+    (manifests,) = [d for d in docs if d["metadata"]["name"] == "rmd-agent-manifests"]
+    handed = [yaml.safe_load(text) for text in manifests["data"].values()]
+    assert sorted(o["kind"] for o in handed) == [
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
+    for obj in handed:
+        key = (obj["kind"], obj["metadata"]["name"])
+        assert key not in {(d["kind"], d["metadata"]["name"]) for d in docs}, (
+            f"{key} also created by the chart"
+        )
+        assert _without_tls_checksum(obj) == _without_tls_checksum(by_chart[key]), key
+    # The operator may bind only the agents' two roles, by name.
+    binds = [
+        (d["kind"], rule.get("resourceNames"))
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+        for rule in d.get("rules", [])
+        if "bind" in rule["verbs"]
+    ]
+    assert sorted(binds) == [("ClusterRole", ["rmd-rmd-agent"]), ("Role", ["rmd-agent"])]
