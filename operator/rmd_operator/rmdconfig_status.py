@@ -235,10 +235,9 @@ def events(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[Event
 
 
 def settled(status: Mapping[str, Any]) -> bool:
-    """Nothing is rolling out or missing: the next check may wait for the long resync."""
+    """No rollout under way: the next check may wait for the long resync. (Agents not ready without a rollout,
+    or no matching node, change through pods and labels, which a 5 s poll would only re-read.)"""
     return not any(
-        isinstance(c, Mapping)
-        and c.get("type") in (READY, PROGRESSING)
-        and c.get("status") != ("True" if c.get("type") == READY else "False")
+        isinstance(c, Mapping) and c.get("type") == PROGRESSING and c.get("status") == "True"
         for c in status.get("conditions") or ()
     )

@@ -68,6 +68,9 @@ class RmdConfigSync:
         self._extra = extra
         self._now = now
         self._config: dict[str, Any] | None = None
+        # The last status written, by uid: fresher than the watch event's until that event arrives, so a pass
+        # in between neither writes it again nor repeats its Events.
+        self._written: tuple[str, dict[str, Any]] | None = None
         self._wake = asyncio.Event()
         self.passes = 0
 
@@ -105,7 +108,10 @@ class RmdConfigSync:
         self.passes += 1
         meta = config.get("metadata") or {}
         generation = int(meta.get("generation") or 0)
+        uid = str(meta.get("uid") or "")
         previous: Mapping[str, Any] = config.get("status") or {}
+        if self._written is not None and self._written[0] == uid:
+            previous = self._written[1]
         failures: list[str] = []
         the_plan: Plan | None = None
         try:
@@ -136,6 +142,7 @@ class RmdConfigSync:
             except WriteError as exc:
                 log.warning("RmdConfig status not written: %s", exc)
                 return True
+            self._written = (uid, status)
             for event in events(previous, status):
                 self._post(config, event)
         return bool(failures) or not settled(status)

@@ -26,7 +26,7 @@ from rmd_operator.rmdconfig_plan import (
     parse_base,
     plan,
 )
-from rmd_operator.rmdconfig_status import Observed, desired_status, events
+from rmd_operator.rmdconfig_status import Observed, desired_status, events, settled
 from rmd_operator.rmdconfig_sync import RmdConfigSync
 from rmd_operator.status import EventText
 
@@ -462,6 +462,24 @@ def test_a_pass_applies_the_plan_and_writes_the_status() -> None:
     assert conds(status)["ServiceMonitorReady"] == ("False", "CRDMissing")
     assert [(e.type, e.reason) for e in posted] == [("Warning", "CRDMissing")]
     assert not busy  # settled: the next pass waits for the resync (or the CRD's event)
+
+
+def test_a_second_pass_before_the_watch_event_writes_and_says_nothing_again() -> None:
+    api = FakeApi(BASE_DATA, crd=False)
+    posted: list[EventText] = []
+    sync = _sync(api, posted)
+    body = config({"serviceMonitor": {"enabled": True}})
+    asyncio.run(sync.sync(body))
+    asyncio.run(sync.sync(body))  # the same body: its status event has not arrived yet
+    assert len(api.statuses) == 1
+    assert [(e.type, e.reason) for e in posted] == [("Warning", "CRDMissing")]
+
+
+def test_no_matching_node_is_settled_a_rollout_is_not() -> None:
+    p = plan(config(), parse_base(BASE_DATA), service_monitor_crd=False)
+    assert settled(desired_status(p, Observed(1, ds_with(0, 0, 0)), NOW))
+    assert not settled(desired_status(p, Observed(1, ds_with(2, 1, 1)), NOW))
+    assert not settled(desired_status(p, Observed(1, None), NOW))
 
 
 def test_a_pass_without_the_manifests_reports_it() -> None:
