@@ -116,11 +116,17 @@ def plan(
     spec: Mapping[str, Any] = config.get("spec") or {}
     owner = owner_reference(config)
     daemonset, ignored = _daemonset(base[DAEMONSET_KEY], spec)
-    apply: list[Obj] = [daemonset]
+    # The DaemonSet after its ServiceAccount and bindings: pods asked for sooner are refused until the
+    # ServiceAccount exists, and the DaemonSet controller retries them with a growing backoff.
+    apply: list[Obj] = [
+        copy.deepcopy(obj)
+        for key, obj in sorted(
+            base.items(), key=lambda item: (item[1].get("kind") != "ServiceAccount", item[0])
+        )
+        if key not in (DAEMONSET_KEY, SERVICE_MONITOR_KEY, DASHBOARD_KEY)
+    ]
+    apply.append(daemonset)
     remove: list[ObjectRef] = []
-    for key, obj in sorted(base.items()):
-        if key not in (DAEMONSET_KEY, SERVICE_MONITOR_KEY, DASHBOARD_KEY):
-            apply.append(copy.deepcopy(obj))
     monitor = "NotRequested"
     wanted = base.get(SERVICE_MONITOR_KEY)
     if wanted is not None:

@@ -455,7 +455,9 @@ def test_a_pass_applies_the_plan_and_writes_the_status() -> None:
     busy = asyncio.run(
         _sync(api, posted).sync(config({**yaml.safe_load(SEED)["spec"], "serviceMonitor": {"enabled": True}}))
     )
-    assert api.applied[0]["kind"] == "DaemonSet"
+    kinds = [o["kind"] for o in api.applied]
+    assert kinds[0] == "ServiceAccount"  # first: the DaemonSet's pods need it
+    assert kinds.index("DaemonSet") > max(kinds.index("RoleBinding"), kinds.index("ClusterRoleBinding"))
     assert len(api.applied) == 6 and api.deleted == []
     (status,) = api.statuses
     assert conds(status)["Ready"] == ("True", "AgentsReady")
