@@ -1,6 +1,6 @@
 """RmdConfig end to end: the real API server (with kube-controller-manager's garbage collector), the chart
 rendered by the real helm with agent.deployedBy=rmdconfig, and the real operator process reading its
-<fullname>-agent-manifests ConfigMap.
+<fullname>-agent-manifests ConfigMap, under its own ServiceAccount with the chart's RBAC and nothing more.
 
 The seed's RmdConfig manifest (rmd-operator's) applies unchanged; the operator creates the agents' DaemonSet,
 Service, ServiceAccount and role bindings owned by it; a change updates the DaemonSet's template; a
@@ -148,23 +148,50 @@ class Env:
         self.cp.kubectl("apply", "-f", str(path))
 
 
+RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+
+
+def _operator_kubeconfig(cp: ControlPlane, api: Any, namespace: str, path: Path) -> Path:
+    """The control plane's kubeconfig with the operator's ServiceAccount token in place of the admin's
+    certificate: the operator runs with exactly the chart's RBAC."""
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+    )
+    token = client.CoreV1Api(api).create_namespaced_service_account_token(
+        f"{RELEASE}-operator", namespace, request
+    )
+    config = yaml.safe_load(cp.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token.status.token}
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
 @pytest.fixture
 def env(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[Env]:
-    docs = _helm_template(tmp_path, namespace)
+    """The chart's rendering with agent.deployedBy=rmdconfig: its RBAC and the manifests ConfigMap applied,
+    and the operator running under its own ServiceAccount, so every grant it needs is the chart's."""
+    docs = _helm_template(tmp_path, namespace, "--set", f"operator.watchNamespaces={{{namespace}}}")
     (manifests,) = [
         d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-agent-manifests")
     ]
     assert not [d for d in docs if d["kind"] == "DaemonSet"], (
         "the chart must leave the DaemonSet to the operator"
     )
+    applied = [d for d in docs if d["kind"] in RBAC_KINDS] + [manifests]
+    rendered = tmp_path / "rbac.yaml"
+    rendered.write_text(yaml.safe_dump_all(applied))
+    result = control_plane.kubectl("apply", "--server-side", "-f", str(rendered), check=False)
+    assert result.returncode == 0, result.stderr
     operator = None
     with control_plane.api_client() as api:
-        client.CoreV1Api(api).create_namespaced_config_map(namespace, manifests)
         operator = Operator(
             control_plane,
             namespace,
             tmp_path / "operator.log",
             ["--agent-manifests-configmap", manifests["metadata"]["name"], "--rmdconfig-resync-seconds", "5"],
+            kubeconfig=_operator_kubeconfig(control_plane, api, namespace, tmp_path / "operator.kubeconfig"),
         )
         try:
             operator.wait_alive()
@@ -178,8 +205,45 @@ def env(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Iterator
                 client.ApiextensionsV1Api(api).delete_custom_resource_definition(
                     SERVICE_MONITOR_CRD["metadata"]["name"]
                 )
+            cluster_scoped = [
+                d
+                for d in applied
+                if d["kind"].startswith("Cluster") or d["metadata"].get("namespace") == "default"
+            ]
+            rendered.write_text(yaml.safe_dump_all(cluster_scoped))
+            control_plane.kubectl("delete", "--ignore-not-found", "-f", str(rendered), check=False)
             with contextlib.suppress(ApiException):
                 client.RbacAuthorizationV1Api(api).delete_cluster_role_binding(f"{RELEASE}-{namespace}-agent")
+
+
+def allowed(env: Env, verb: str, group: str, resource: str, name: str, *, namespace: str = "") -> bool:
+    """RBAC's answer for the operator's ServiceAccount (a SubjectAccessReview)."""
+    ns = env.namespace
+    review = client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:{ns}:{RELEASE}-operator",
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"],
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb, group=group, resource=resource, name=name or None, namespace=namespace or None
+            ),
+        )
+    )
+    result = client.AuthorizationV1Api(env.api).create_subject_access_review(review)
+    return bool(result.status.allowed)
+
+
+def test_the_operator_may_bind_and_write_only_the_agents_objects(env: Env) -> None:
+    ns, rbac = env.namespace, "rbac.authorization.k8s.io"
+    assert allowed(env, "bind", rbac, "clusterroles", f"{RELEASE}-{ns}-agent")
+    assert not allowed(env, "bind", rbac, "clusterroles", "cluster-admin")
+    assert allowed(env, "bind", rbac, "roles", f"{RELEASE}-agent", namespace=ns)
+    assert not allowed(env, "bind", rbac, "roles", "admin", namespace=ns)
+    assert not allowed(env, "escalate", rbac, "clusterroles", f"{RELEASE}-{ns}-agent")
+    assert allowed(env, "patch", "apps", "daemonsets", f"{RELEASE}-agent", namespace=ns)
+    assert not allowed(env, "patch", "apps", "daemonsets", "kube-proxy", namespace=ns)
+    assert not allowed(env, "create", "apps", "daemonsets", "", namespace="default")
+    assert not allowed(env, "delete", "", "configmaps", f"{RELEASE}-agent-config", namespace=ns)
+    assert not allowed(env, "patch", rbac, "clusterrolebindings", "cluster-admin")
 
 
 def owned_by(obj: Obj | None, uid: str) -> bool:
