@@ -30,10 +30,12 @@ AGENT_CONTAINER = "agent"
 MANAGER = "rmd-operator"  # the managed-by label and the server-side apply field manager
 
 Obj = dict[str, Any]
-Extra = Callable[[Mapping[str, Any]], list[Obj]]
+# More objects for an RmdConfig: (its spec, its owner reference) -> objects (the scheduler's); a ValueError
+# says the spec cannot be honoured (status Degraded, InvalidSpec).
+Extra = Callable[[Mapping[str, Any], Mapping[str, Any]], list[Obj]]
 
 
-def no_extra(spec: Mapping[str, Any]) -> list[Obj]:
+def no_extra(spec: Mapping[str, Any], owner: Mapping[str, Any]) -> list[Obj]:
     return []
 
 
@@ -63,6 +65,7 @@ class Plan:
     daemonset: Obj
     ignored_settings: dict[str, str] = field(default_factory=dict)  # name -> why it was left out
     service_monitor: str = "NotRequested"  # NotRequested | Planned | CRDMissing
+    spec_error: str = ""  # why `extra` could not make its objects
 
     @property
     def node_selector(self) -> dict[str, str]:
@@ -144,10 +147,14 @@ def plan(
             apply.append(copy.deepcopy(dashboard))
         else:
             remove.append(ObjectRef.of(dashboard))
-    apply += [copy.deepcopy(o) for o in extra(spec)]
+    spec_error = ""
+    try:
+        apply += [copy.deepcopy(o) for o in extra(spec, owner)]
+    except ValueError as exc:  # the agents still get what they need
+        spec_error = str(exc)
     for obj in apply:
         _own(obj, owner)
-    return Plan(apply, remove, daemonset, ignored, monitor)
+    return Plan(apply, remove, daemonset, ignored, monitor, spec_error)
 
 
 def _own(obj: Obj, owner: Obj) -> None:
@@ -231,5 +238,25 @@ def matching_nodes(selector: Mapping[str, str], nodes: Mapping[str, Mapping[str,
     return sorted(n for n, labels in nodes.items() if all(labels.get(k) == v for k, v in selector.items()))
 
 
-def kinds(objects: Sequence[Obj]) -> list[str]:
-    return [f"{o['kind']}/{o['metadata']['name']}" for o in objects]
+def ref_entry(ref: ObjectRef) -> dict[str, str]:
+    """An object as status.managedObjects lists it."""
+    entry = {"apiVersion": ref.api_version, "kind": ref.kind, "name": ref.name}
+    if ref.namespace:
+        entry["namespace"] = ref.namespace
+    return entry
+
+
+def stale(previous: Sequence[Mapping[str, Any]], the_plan: Plan) -> list[ObjectRef]:
+    """Objects an earlier pass made (status.managedObjects) that this plan no longer has: turned off (e.g. the
+    scheduler disabled), to delete."""
+    now = {ObjectRef.of(o) for o in the_plan.apply}
+    out = []
+    for entry in previous:
+        if not isinstance(entry, Mapping) or not all(
+            isinstance(entry.get(k), str) for k in ("apiVersion", "kind", "name")
+        ):
+            continue
+        ref = ObjectRef(entry["apiVersion"], entry["kind"], str(entry.get("namespace") or ""), entry["name"])
+        if ref not in now and ref not in the_plan.remove:
+            out.append(ref)
+    return out

@@ -19,9 +19,11 @@ from rmd_api.node_state import RDT_L3_CAT
 from rmd_operator.rmdconfig_plan import (
     AGENT_CONTAINER,
     SERVICE_MONITOR_CRD,
+    ObjectRef,
     Plan,
     ignored_message,
     matching_nodes,
+    ref_entry,
 )
 from rmd_operator.status import MESSAGE_LIMIT, EventText
 
@@ -88,6 +90,9 @@ def conditions(plan: Plan | None, seen: Observed) -> list[dict[str, Any]]:
         )
     else:
         degraded = _condition(DEGRADED, False, "AsExpected", "every object applied as planned", g)
+    if plan is not None and plan.spec_error:
+        more = f"; {degraded['message']}" if degraded["status"] == "True" else ""
+        degraded = _condition(DEGRADED, True, "InvalidSpec", plan.spec_error + more, g)
     if failures:
         more = f"; {degraded['message']}" if degraded["status"] == "True" else ""
         degraded = _condition(DEGRADED, True, "ApplyFailed", "; ".join(failures) + more, g)
@@ -207,6 +212,13 @@ def desired_status(plan: Plan | None, seen: Observed, now: str) -> dict[str, Any
             plan.node_selector if plan else {}, seen.nodes, seen.node_states
         ),
         "settingsIgnored": sorted(plan.ignored_settings) if plan else [],
+        # What this pass applied, so a later pass deletes what its plan no longer has (rmdconfig_plan.stale);
+        # kept as it was when nothing could be planned.
+        "managedObjects": (
+            [ref_entry(ObjectRef.of(o)) for o in plan.apply]
+            if plan is not None
+            else list(seen.previous.get("managedObjects") or [])
+        ),
         "conditions": conds,
     }
     return status

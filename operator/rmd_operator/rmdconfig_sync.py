@@ -28,6 +28,7 @@ from rmd_operator.rmdconfig_plan import (
     no_extra,
     parse_base,
     plan,
+    stale,
 )
 from rmd_operator.rmdconfig_status import Observed, desired_status, events, settled
 from rmd_operator.status import EventText
@@ -119,7 +120,7 @@ class RmdConfigSync:
         except (PlanError, WriteError) as exc:
             failures.append(f"ConfigMap {self._namespace}/{self._configmap}: {exc}")
         if the_plan is not None:
-            failures += await self._write(the_plan)
+            failures += await self._write(the_plan, stale(previous.get("managedObjects") or [], the_plan))
         ds = the_plan.daemonset["metadata"] if the_plan is not None else None
         seen = Observed(generation, None, failures=failures, previous=previous)
         try:
@@ -158,14 +159,14 @@ class RmdConfigSync:
         crd = await self._api.crd_exists(SERVICE_MONITOR_CRD)
         return plan(config, base, service_monitor_crd=crd, extra=self._extra)
 
-    async def _write(self, the_plan: Plan) -> Sequence[str]:
+    async def _write(self, the_plan: Plan, stale_refs: Sequence[ObjectRef]) -> Sequence[str]:
         failures = []
         for obj in the_plan.apply:
             try:
                 await self._api.apply(obj)
             except WriteError as exc:
                 failures.append(f"{obj['kind']} {obj['metadata']['name']}: {exc}")
-        for ref in the_plan.remove:
+        for ref in [*the_plan.remove, *stale_refs]:
             try:
                 await self._api.delete(ref)
             except WriteError as exc:

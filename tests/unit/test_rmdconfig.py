@@ -252,19 +252,61 @@ def test_the_dashboard_can_be_turned_off() -> None:
     assert p.remove == [ObjectRef("v1", "ConfigMap", NS, "rmd-dashboard")]
 
 
-def test_extra_objects_get_the_spec_and_are_owned() -> None:
-    seen: list[Mapping[str, Any]] = []
+SCHEDULER = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "sched", "namespace": NS}}
 
-    def extra(spec: Mapping[str, Any]) -> list[Obj]:
-        seen.append(spec)
-        return [
-            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "sched", "namespace": NS}}
-        ]
 
-    spec = {"scheduler": {"enabled": True}}
-    p = plan(config(spec), parse_base(BASE_DATA), service_monitor_crd=False, extra=extra)
-    assert seen == [spec]
-    assert by_kind(p)["Deployment/sched"]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+def scheduler_extra(spec: Mapping[str, Any], owner: Mapping[str, Any]) -> list[Obj]:
+    """Stands in for scheduler_objects: one object while spec.scheduler.enabled, refusing replicas 0."""
+    scheduler = spec.get("scheduler") or {}
+    if scheduler.get("replicas") == 0:
+        raise ValueError("spec.scheduler.replicas: 1 to 5, not 0")
+    if not scheduler.get("enabled"):
+        return []
+    obj = copy.deepcopy(SCHEDULER)
+    obj["metadata"]["ownerReferences"] = [{**owner, "name": "given"}]  # its own, kept as given
+    return [obj]
+
+
+def test_extra_objects_get_the_spec_and_the_owner() -> None:
+    p = plan(
+        config({"scheduler": {"enabled": True}}),
+        parse_base(BASE_DATA),
+        service_monitor_crd=False,
+        extra=scheduler_extra,
+    )
+    (owner,) = by_kind(p)["Deployment/sched"]["metadata"]["ownerReferences"]
+    assert (owner["uid"], owner["kind"], owner["name"]) == ("uid-1", "RmdConfig", "given")
+    assert p.spec_error == ""
+
+
+def test_a_spec_extra_cannot_honour_degrades_but_the_agents_are_deployed() -> None:
+    p = plan(
+        config({"scheduler": {"enabled": True, "replicas": 0}}),
+        parse_base(BASE_DATA),
+        service_monitor_crd=False,
+        extra=scheduler_extra,
+    )
+    assert "DaemonSet/rmd-agent" in by_kind(p) and "Deployment/sched" not in by_kind(p)
+    status = desired_status(p, Observed(1, ds_with(1, 1, 1)), NOW)
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+    assert "replicas: 1 to 5" in degraded["message"]
+
+
+def test_objects_a_later_plan_no_longer_has_are_deleted() -> None:
+    api = FakeApi(BASE_DATA)
+    sync = RmdConfigSync(
+        api, lambda obj, event: None, namespace=NS, configmap="rmd-agent-manifests", resync=60.0,
+        extra=scheduler_extra, now=lambda: NOW,
+    )  # fmt: skip
+    asyncio.run(sync.sync(config({"scheduler": {"enabled": True}})))
+    assert {"kind": "Deployment", "apiVersion": "apps/v1", "namespace": NS, "name": "sched"} in api.statuses[
+        -1
+    ]["managedObjects"]
+    assert api.deleted == []
+    asyncio.run(sync.sync(config({"scheduler": {"enabled": False}}, generation=2)))
+    assert api.deleted == [ObjectRef("apps/v1", "Deployment", NS, "sched")]
+    assert all(e["kind"] != "Deployment" for e in api.statuses[-1]["managedObjects"])
 
 
 @pytest.mark.parametrize(
