@@ -23,6 +23,7 @@ OVERRIDABLE = frozenset(
         "nrt_min_write_interval_seconds",
         "nrt_pods_fingerprint_method",
         "nrt_poll_seconds",
+        "nrt_requeue_seconds",
         "nrt_resync_seconds",
         "power_containers",
         "power_enabled",
