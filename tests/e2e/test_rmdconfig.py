@@ -242,7 +242,9 @@ def test_the_operator_may_bind_and_write_only_the_agents_objects(env: Env) -> No
     assert allowed(env, "patch", "apps", "daemonsets", f"{RELEASE}-agent", namespace=ns)
     assert not allowed(env, "patch", "apps", "daemonsets", "kube-proxy", namespace=ns)
     assert not allowed(env, "create", "apps", "daemonsets", "", namespace="default")
-    assert not allowed(env, "delete", "", "configmaps", f"{RELEASE}-agent-config", namespace=ns)
+    # (ConfigMaps, ServiceAccounts, Roles and RoleBindings of the release namespace are open to the
+    # scheduler's rights, templates/scheduler-rbac.yaml; Services are the agents' only.)
+    assert not allowed(env, "delete", "", "services", f"{RELEASE}-operator", namespace=ns)
     assert not allowed(env, "patch", rbac, "clusterrolebindings", "cluster-admin")
 
 
@@ -413,11 +415,11 @@ def test_the_operators_base_is_the_charts_own_rendering(tmp_path: Path) -> None:
             f"{key} also created by the chart"
         )
         assert _without_tls_checksum(obj) == _without_tls_checksum(by_chart[key]), key
-    # The operator may bind only the agents' two roles, by name.
+    # The operator may bind only the agents' two roles, by name (and the scheduler's, scheduler-rbac.yaml).
     binds = [
         (d["kind"], rule.get("resourceNames"))
         for d in docs
-        if d["kind"] in ("Role", "ClusterRole")
+        if d["kind"] in ("Role", "ClusterRole") and not d["metadata"]["name"].endswith("-operator-scheduler")
         for rule in d.get("rules", [])
         if "bind" in rule["verbs"]
     ]
