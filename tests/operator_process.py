@@ -38,7 +38,14 @@ def _free_port() -> int:
 class Operator:
     """`rmd-operator run --standalone` for one namespace; no agents (plaintext: nothing is dialled)."""
 
-    def __init__(self, cp: ControlPlane, namespace: str, log_path: Path, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        namespace: str,
+        log_path: Path,
+        extra: Sequence[str] = (),
+        kubeconfig: Path | None = None,  # another identity than the control plane's admin
+    ) -> None:
         self.port = _free_port()
         script = Path(sys.executable).with_name("rmd-operator")
         command = [str(script)] if script.exists() else [sys.executable, "-m", "rmd_operator.cli"]
@@ -65,9 +72,12 @@ class Operator:
         ]
         self.log_path = log_path
         self._log: IO[bytes] = log_path.open("ab")
+        env = cp.env()
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
         self.popen = subprocess.Popen(
             argv,
-            env=cp.env(),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -18,6 +18,9 @@ kopf's file mode (it would put this directory on sys.path).
     NodeConfigTemplate, NodeConfig (wao.bitmedia.co.jp; unless node_config_templates is false), indexed with
                   the Nodes' InternalIPs: any change of them or of a Node wakes node_config_sync.TemplateSync,
                   which keeps each template's NodeConfigs and writes the templates' status.
+    RmdConfig     (cluster-scoped; only with agent_manifests_configmap) each event, and each event of the
+                  prometheus-operator ServiceMonitor CRD, wakes rmdconfig_sync.RmdConfigSync, which
+                  deploys the agents' objects from the chart's manifests and writes the RmdConfig's status.
     NodeConfig    (unless node_telemetry is false) each event goes to node_telemetry.NodeTelemetry: its
                   collectors started, replaced or stopped; they write its status.sources and Events, and
                   their values are served on metrics_listen's /metrics.
@@ -49,7 +52,7 @@ import kopf
 from prometheus_client import CollectorRegistry
 
 from rmd_api.agent_certs import SIGNER_NAME
-from rmd_api.names import NODE_CONFIG, NODE_CONFIG_TEMPLATE, RMD_NODE_STATE, RMD_WORKLOAD
+from rmd_api.names import NODE_CONFIG, NODE_CONFIG_TEMPLATE, RMD_CONFIG, RMD_NODE_STATE, RMD_WORKLOAD
 from rmd_api.node_state import LEASE_LABEL, LEASE_LABEL_VALUE
 from rmd_operator.agent_certs import needs_action
 from rmd_operator.agent_client import AgentClients, close_quietly
@@ -74,6 +77,9 @@ from rmd_operator.pod_flow import PodFlow
 from rmd_operator.pod_objects import PodObjectsApi
 from rmd_operator.pod_watch import BOUND, PodWatch, wanted
 from rmd_operator.reconcile import Reconciler
+from rmd_operator.rmdconfig_api import RmdConfigApi
+from rmd_operator.rmdconfig_plan import SERVICE_MONITOR_CRD
+from rmd_operator.rmdconfig_sync import RmdConfigSync
 from rmd_operator.settings import OperatorSettings, active
 from rmd_operator.targets import Cluster, NodeAgent, node_agent
 from rmd_operator.telemetry.metrics import TelemetryCollector
@@ -90,6 +96,8 @@ CSR_GROUP = "certificates.k8s.io"
 WORKLOADS = (RMD_WORKLOAD.group, RMD_WORKLOAD.version, RMD_WORKLOAD.plural)
 NODE_STATES = (RMD_NODE_STATE.group, RMD_NODE_STATE.version, RMD_NODE_STATE.plural)
 LEASES = ("coordination.k8s.io", "v1", "leases")
+RMD_CONFIGS = (RMD_CONFIG.group, RMD_CONFIG.version, RMD_CONFIG.plural)
+CRDS = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 NODE_CONFIGS = (NODE_CONFIG.group, NODE_CONFIG.version, NODE_CONFIG.plural)
 NODE_CONFIG_TEMPLATES = (
     NODE_CONFIG_TEMPLATE.group,
@@ -207,6 +215,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             retry_max=SETTINGS.retry_max_seconds,
         )
         memo.template_sync_task = asyncio.create_task(template_sync.run(), name="node-config-templates")
+    if SETTINGS.agent_manifests_configmap:
+        memo.rmd_config_api = rmd_config_api = await RmdConfigApi.create()
+        memo.rmd_config_sync = rmd_config_sync = RmdConfigSync(
+            rmd_config_api,
+            events.post,
+            namespace=SETTINGS.node_state_namespace,
+            configmap=SETTINGS.agent_manifests_configmap,
+            resync=SETTINGS.rmdconfig_resync_seconds,
+        )
+        memo.rmd_config_task = asyncio.create_task(rmd_config_sync.run(), name="rmdconfig")
     registry = CollectorRegistry()
     if SETTINGS.node_telemetry:
         memo.node_telemetry = node_telemetry = NodeTelemetry(await TelemetryKubeApi.create(), events.post)
@@ -264,6 +282,11 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         template_sync_task.cancel()
         await asyncio.gather(template_sync_task, return_exceptions=True)
         await asyncio.to_thread(memo.node_config_api.close)
+    rmd_config_task: asyncio.Task[None] | None = memo.get("rmd_config_task")
+    if rmd_config_task is not None:
+        rmd_config_task.cancel()
+        await asyncio.gather(rmd_config_task, return_exceptions=True)
+        await asyncio.to_thread(memo.rmd_config_api.close)
     metrics_server: MetricsServer | None = memo.get("metrics_server")
     if metrics_server is not None:
         await metrics_server.close()
@@ -441,6 +464,26 @@ if SETTINGS.node_config_templates:
         _templates_changed(memo, kwargs)
 
 
+# -- the cluster's RmdConfig (rmdconfig_sync.py; docs/install.md "Deployed by an RmdConfig") ----------------
+
+
+def is_service_monitor_crd(name: str, **_: Any) -> bool:
+    return name == SERVICE_MONITOR_CRD
+
+
+if SETTINGS.agent_manifests_configmap:
+
+    @kopf.on.event(*RMD_CONFIGS)
+    async def rmd_config_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+        rmd_config_sync: RmdConfigSync = memo.rmd_config_sync
+        rmd_config_sync.changed(None if type == "DELETED" else body)
+
+    @kopf.on.event(*CRDS, when=is_service_monitor_crd)
+    async def service_monitor_crd_event(memo: kopf.Memo, **_: Any) -> None:
+        rmd_config_sync: RmdConfigSync = memo.rmd_config_sync
+        rmd_config_sync.wake()
+
+
 # -- NodeConfigs' collectors (node_telemetry.py; docs/telemetry-collectors.md) ------------------------------
 
 
@@ -535,7 +578,9 @@ async def probe(memo: kopf.Memo, **_: Any) -> dict[str, int]:
     reconciler: Reconciler | None = memo.get("reconciler")
     pod_flow: PodFlow | None = memo.get("pod_flow")
     template_sync: TemplateSync | None = memo.get("template_sync")
+    rmd_config_sync: RmdConfigSync | None = memo.get("rmd_config_sync")
     return {
+        **(rmd_config_sync.health() if rmd_config_sync is not None else {}),
         **(reconciler.health() if reconciler is not None else {}),
         **(pod_flow.health() if pod_flow is not None else {}),
         **(template_sync.health() if template_sync is not None else {}),

@@ -164,6 +164,23 @@ class OperatorSettings:
         },
     )
 
+    # -- RmdConfig (intel.com, docs/install.md "Deployed by an RmdConfig") ----------------------------------
+    agent_manifests_configmap: str = field(
+        default="",
+        metadata={
+            "help": "ConfigMap in node_state_namespace holding the agents' manifests (the chart's "
+            "<fullname>-agent-manifests, with agent.deployedBy rmdconfig): deploy them for the cluster's "
+            "RmdConfig; empty: RmdConfigs are not handled (the chart deploys the agents)"
+        },
+    )
+    rmdconfig_resync_seconds: float = field(
+        default=60.0,
+        metadata={
+            "help": "how often the RmdConfig's objects and status are checked again when nothing changed "
+            "(a ServiceMonitor CRD installed later is found by then at the latest); 5 s while agents roll out"
+        },
+    )
+
     def agent_user(self) -> str:
         """The user name of the agents' ServiceAccount as the API server reports it."""
         return f"system:serviceaccount:{self.node_state_namespace}:{self.agent_service_account}"
@@ -186,7 +203,12 @@ def _check(s: OperatorSettings) -> None:
             f"setting agent_server_name: {s.agent_server_name!r} must contain {NODE_PLACEHOLDER} once, "
             "so that each agent proves it is the agent of the node it claims to be"
         )
-    for name in ("agent_call_timeout_seconds", "retry_initial_seconds", "drift_interval_seconds"):
+    for name in (
+        "agent_call_timeout_seconds",
+        "retry_initial_seconds",
+        "drift_interval_seconds",
+        "rmdconfig_resync_seconds",
+    ):
         if getattr(s, name) <= 0:
             raise ConfigError(f"setting {name}: must be positive, not {getattr(s, name)}")
     if s.retry_max_seconds < s.retry_initial_seconds:

@@ -41,6 +41,8 @@ class CustomResource:
 
 RMD_WORKLOAD = CustomResource("intel.com", "v1alpha1", "RmdWorkload", "rmdworkloads")
 RMD_NODE_STATE = CustomResource("intel.com", "v1alpha1", "RmdNodeState", "rmdnodestates")
+RMD_CONFIG = CustomResource("intel.com", "v1alpha1", "RmdConfig", "rmdconfigs")
+RMD_CONFIG_NAME = "rmdconfig"  # the one per cluster (the CRD refuses any other name)
 NODE_RESOURCE_TOPOLOGY = CustomResource(
     "topology.node.k8s.io", "v1alpha2", "NodeResourceTopology", "noderesourcetopologies"
 )

@@ -51,6 +51,7 @@ AGENT_SET_BY_CHART = {
     "advertise_address",
 }
 OPERATOR_SET_BY_CHART = {
+    "agent_manifests_configmap",  # agent.deployedBy: rmdconfig
     "namespaces",
     "node_state_namespace",
     "agent_ca",

@@ -28,6 +28,7 @@ Schema = dict[str, Any]
 EXPECTED_CRDS = {
     "rmdworkloads.intel.com": ("intel.com", "v1alpha1", "RmdWorkload", "Namespaced"),
     "rmdnodestates.intel.com": ("intel.com", "v1alpha1", "RmdNodeState", "Namespaced"),
+    "rmdconfigs.intel.com": ("intel.com", "v1alpha1", "RmdConfig", "Cluster"),
     "noderesourcetopologies.topology.node.k8s.io": (
         "topology.node.k8s.io",
         "v1alpha2",
@@ -63,7 +64,7 @@ KEYWORDS = {
     "type", "description", "properties", "required", "items", "additionalProperties", "enum",
     "minimum", "maximum", "minLength", "maxLength", "maxItems", "maxProperties", "pattern", "format",
     "anyOf", "x-kubernetes-int-or-string", "x-kubernetes-validations", "x-kubernetes-list-type",
-    "x-kubernetes-list-map-keys",
+    "x-kubernetes-list-map-keys", "x-kubernetes-preserve-unknown-fields", "default",
 }  # fmt: skip
 
 
@@ -127,6 +128,11 @@ def test_schema_is_structural(name: str) -> None:
             assert all(set(branch) == {"type"} for branch in node["anyOf"]), path
             assert sorted(b["type"] for b in node["anyOf"]) == ["integer", "string"], path
             continue
+        if node.get("x-kubernetes-preserve-unknown-fields") and "type" not in node:
+            # Any JSON value (RmdConfig's agentSettings values: string, number or boolean, checked by the
+            # operator); the server allows no other keyword but a description beside it.
+            assert set(node) == {"x-kubernetes-preserve-unknown-fields", "description"}, path
+            continue
         assert node.get("type") in {"object", "array", "string", "integer", "boolean", "number"}, path
         assert not {"$ref", "definitions", "oneOf", "allOf", "not", "anyOf"} & node.keys(), path
         assert not ("properties" in node and "additionalProperties" in node), path
@@ -187,7 +193,9 @@ def test_printer_columns_summarise_workloads_and_node_states() -> None:
     assert node_state["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
 
 
-@pytest.mark.parametrize("name", ["rmdworkloads.intel.com", "rmdnodestates.intel.com", *WAO_CRDS])
+@pytest.mark.parametrize(
+    "name", ["rmdworkloads.intel.com", "rmdnodestates.intel.com", "rmdconfigs.intel.com", *WAO_CRDS]
+)
 def test_status_subresource(name: str) -> None:
     (version,) = load_crd(name)["spec"]["versions"]
     assert version["subresources"] == {"status": {}}
@@ -301,7 +309,8 @@ def test_topology_quantities() -> None:
 def manifest_files() -> list[Path]:
     files = sorted(EXAMPLES_DIR.glob("*.yaml"))
     if SAMPLES_DIR.is_dir():
-        files += sorted(SAMPLES_DIR.glob("*.yaml")) + sorted((SAMPLES_DIR / "wao").glob("*.yaml"))
+        for sub in (SAMPLES_DIR, SAMPLES_DIR / "wao", SAMPLES_DIR / "rmdconfig"):
+            files += sorted(sub.glob("*.yaml"))
     return files
 
 
