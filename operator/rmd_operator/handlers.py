@@ -78,7 +78,7 @@ from rmd_operator.pod_objects import PodObjectsApi
 from rmd_operator.pod_watch import BOUND, PodWatch, wanted
 from rmd_operator.reconcile import Reconciler
 from rmd_operator.rmdconfig_api import RmdConfigApi
-from rmd_operator.rmdconfig_plan import SERVICE_MONITOR_CRD
+from rmd_operator.rmdconfig_plan import SERVICE_MONITOR_CRD, scheduler_extra
 from rmd_operator.rmdconfig_sync import RmdConfigSync
 from rmd_operator.settings import OperatorSettings, active
 from rmd_operator.targets import Cluster, NodeAgent, node_agent
@@ -223,6 +223,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             namespace=SETTINGS.node_state_namespace,
             configmap=SETTINGS.agent_manifests_configmap,
             resync=SETTINGS.rmdconfig_resync_seconds,
+            extra=scheduler_extra(
+                SETTINGS.node_state_namespace, SETTINGS.cluster_name, SETTINGS.agent_pods_fingerprint_method
+            ),
         )
         memo.rmd_config_task = asyncio.create_task(rmd_config_sync.run(), name="rmdconfig")
     registry = CollectorRegistry()

@@ -21,6 +21,7 @@ import yaml
 
 from rmd_api.agent_settings import CHART_ONLY, OVERRIDABLE, env_name
 from rmd_api.names import RMD_CONFIG
+from rmd_operator.scheduler_objects import scheduler_objects
 
 DAEMONSET_KEY = "daemonset.yaml"
 SERVICE_MONITOR_KEY = "servicemonitor.yaml"
@@ -37,6 +38,18 @@ Extra = Callable[[Mapping[str, Any], Mapping[str, Any]], list[Obj]]
 
 def no_extra(spec: Mapping[str, Any], owner: Mapping[str, Any]) -> list[Obj]:
     return []
+
+
+def scheduler_extra(namespace: str, cluster: str, fingerprint_method: str) -> Extra:
+    """The NUMA-aware scheduler of `spec.scheduler` (scheduler_objects), its cache resync matched to the pod
+    fingerprint method the agents publish: the RmdConfig's `agentSettings` override, else the chart's."""
+
+    def extra(spec: Mapping[str, Any], owner: Mapping[str, Any]) -> list[Obj]:
+        settings = spec.get("agentSettings") or {}
+        method = str(settings.get("nrt_pods_fingerprint_method") or fingerprint_method)
+        return scheduler_objects(spec.get("scheduler") or {}, namespace, method, owner, cluster=cluster)
+
+    return extra
 
 
 class PlanError(ValueError):

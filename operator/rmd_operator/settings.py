@@ -173,6 +173,20 @@ class OperatorSettings:
             "RmdConfig; empty: RmdConfigs are not handled (the chart deploys the agents)"
         },
     )
+    cluster_name: str = field(
+        default="",
+        metadata={
+            "help": "the chart's name prefix of cluster-scoped objects (rmd.clusterName): the NUMA-aware "
+            "scheduler's ClusterRoleBindings and ClusterRole are named after it"
+        },
+    )
+    agent_pods_fingerprint_method: str = field(
+        default="with-exclusive-resources",
+        metadata={
+            "help": "the agents' nrt_pods_fingerprint_method as the chart sets it, which the NUMA-aware "
+            "scheduler's cache resync must match (an RmdConfig's agentSettings may override it)"
+        },
+    )
     rmdconfig_resync_seconds: float = field(
         default=60.0,
         metadata={

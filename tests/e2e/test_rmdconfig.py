@@ -28,6 +28,8 @@ from kubernetes.client.exceptions import ApiException
 
 from operator_process import Operator
 from rmd_api.names import RMD_CONFIG
+from rmd_operator.scheduler_objects import cluster_binding_names
+from rmd_operator.validate.scheduler import NRT_PLUGIN
 from rmd_sim.control_plane import BinariesNotFound, ControlPlane, find_bin_dir, repo_root
 
 pytestmark = pytest.mark.e2e
@@ -190,7 +192,14 @@ def env(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Iterator
             control_plane,
             namespace,
             tmp_path / "operator.log",
-            ["--agent-manifests-configmap", manifests["metadata"]["name"], "--rmdconfig-resync-seconds", "5"],
+            [
+                "--agent-manifests-configmap",
+                manifests["metadata"]["name"],
+                "--rmdconfig-resync-seconds",
+                "5",
+                "--cluster-name",
+                f"{RELEASE}-{namespace}",
+            ],
             kubeconfig=_operator_kubeconfig(control_plane, api, namespace, tmp_path / "operator.kubeconfig"),
         )
         try:
@@ -331,6 +340,59 @@ def test_the_seed_rmdconfig_deploys_the_agents_and_its_deletion_removes_them(env
     env.objects.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "rmdconfig")
     for what, args in {**made, "servicemonitor": monitor_args}.items():
         env.wait(lambda args=args: env.get(*args) is None, f"{what} removed", timeout=GC_WAIT)
+
+
+def test_the_numa_aware_scheduler_is_deployed_matched_to_the_agents_and_removed_when_disabled(
+    env: Env,
+) -> None:
+    """spec.scheduler (docs/scheduler.md) through the real operator under the chart's RBAC: the Deployment,
+    its configuration with the cache resync method the agents' fingerprint method needs, its ServiceAccount
+    and bindings, all owned by the RmdConfig; `enabled: false` removes them."""
+    ns, image = env.namespace, "registry.k8s.io/scheduler-plugins/kube-scheduler:v0.33.5"
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RmdConfig",
+        "metadata": {"name": "rmdconfig"},
+        "spec": {"scheduler": {"enabled": True, "image": image}},
+    }
+    uid = env.objects.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)["metadata"]["uid"]
+    made = {
+        "deployment": ("deployment", "rmd-numa-scheduler", "-n", ns),
+        "configuration": ("configmap", "rmd-numa-scheduler-config", "-n", ns),
+        "serviceaccount": ("serviceaccount", "rmd-numa-scheduler", "-n", ns),
+        **{
+            f"binding to {role}": ("clusterrolebinding", name)
+            for role, name in cluster_binding_names(f"{RELEASE}-{ns}").items()
+        },
+    }
+    for what, args in made.items():
+        env.wait(
+            lambda args=args: owned_by(env.get(*args), uid), f"the scheduler's {what} owned by the RmdConfig"
+        )
+    deployment = env.get(*made["deployment"])
+    assert (
+        deployment is not None and deployment["spec"]["template"]["spec"]["containers"][0]["image"] == image
+    )
+
+    def resync() -> tuple[str, int]:
+        config = yaml.safe_load(next(iter((env.get(*made["configuration"]) or {})["data"].values())))
+        (args,) = [c["args"] for c in config["profiles"][0]["pluginConfig"] if c["name"] == NRT_PLUGIN]
+        return args["cache"]["resyncMethod"], args["cacheResyncPeriodSeconds"]
+
+    assert resync() == ("OnlyExclusiveResources", 3)  # the chart's agents: with-exclusive-resources
+    assert env.condition("Degraded")[:2] == ("False", "AsExpected")  # type: ignore[index]
+
+    # Agents told to fingerprint every pod: the scheduler's cache follows.
+    patch = {"spec": {"agentSettings": {"nrt_pods_fingerprint_method": "all"}}}
+    env.objects.patch_cluster_custom_object(GROUP, VERSION, PLURAL, "rmdconfig", patch)
+    env.wait(lambda: resync()[0] == "All", "the scheduler's resync method All")
+
+    env.objects.patch_cluster_custom_object(
+        GROUP, VERSION, PLURAL, "rmdconfig", {"spec": {"scheduler": {"enabled": False}}}
+    )
+    for what, args in made.items():
+        env.wait(lambda args=args: env.get(*args) is None, f"the scheduler's {what} removed")
+    assert env.get("daemonset", "rmd-agent", "-n", ns) is not None  # the agents stay
 
 
 @pytest.mark.parametrize(

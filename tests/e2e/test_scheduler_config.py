@@ -177,7 +177,7 @@ def test_the_operator_binds_exactly_the_schedulers_roles(helm: Callable[..., lis
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    manage = {"create", "get", "update", "delete"}
+    manage = {"create", "get", "update", "patch", "delete"}  # patch: server-side apply
     objects = [
         ("apps", "deployments"),
         ("", "configmaps"),

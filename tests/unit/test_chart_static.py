@@ -52,6 +52,8 @@ AGENT_SET_BY_CHART = {
 }
 OPERATOR_SET_BY_CHART = {
     "agent_manifests_configmap",  # agent.deployedBy: rmdconfig
+    "cluster_name",  # rmd.clusterName, for the scheduler an RmdConfig may deploy
+    "agent_pods_fingerprint_method",  # agent.settings.nrt_pods_fingerprint_method
     "namespaces",
     "node_state_namespace",
     "agent_ca",
