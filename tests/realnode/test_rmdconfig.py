@@ -3,8 +3,8 @@
 The session's stack has the chart installed with agent.deployedBy=chart. This test upgrades the release to
 agent.deployedBy=rmdconfig (the chart removes its DaemonSet and companions and hands their manifests to the
 operator), applies the seed's RmdConfig with the locally built agent image, waits for the agent pod and its
-RmdNodeState to be Ready, then deletes the RmdConfig and upgrades back, so the tests after it find the stack
-as it was.
+RmdNodeState to be Ready, changes the RmdConfig and waits for the pod to be replaced, deletes the RmdConfig
+and waits for what it made to go, and upgrades back, so the tests after it find the stack as it was.
 """
 
 from __future__ import annotations
@@ -44,6 +44,21 @@ def _condition(stack: RealStack, kind: str) -> tuple[str, str] | None:
         if c["type"] == kind:
             return c["status"], c["reason"]
     return None
+
+
+def _delete_and_wait_gone(stack: RealStack) -> None:
+    stack.kubectl("delete", "rmdconfig", "rmdconfig", "--ignore-not-found", "--wait=true")
+    for kind, name in (("daemonset", "rmd-agent"), ("serviceaccount", "rmd-agent"), ("service", "rmd-agent")):
+        wait_for(
+            f"{kind} {name} removed",
+            lambda kind=kind, name=name: stack.get_json(kind, name, "-n", RELEASE_NAMESPACE) is None,
+            timeout=120,
+        )
+    wait_for(
+        "the agent pod gone",
+        lambda: not stack.get_json("pods", "-n", RELEASE_NAMESPACE, "-l", AGENT_PODS)["items"],
+        timeout=120,
+    )
 
 
 def test_the_seed_rmdconfig_runs_the_agent_on_the_real_node(stack: RealStack) -> None:
@@ -95,20 +110,37 @@ def test_the_seed_rmdconfig_runs_the_agent_on_the_real_node(stack: RealStack) ->
             }
         ]
         assert status["unsupportedNodes"] == []  # the simulated host has RDT
+
+        # A change rolls out: the DaemonSet replaces the agent pod with one that has it.
+        (old,) = stack.get_json("pods", "-n", RELEASE_NAMESPACE, "-l", AGENT_PODS)["items"]
+        stack.kubectl(
+            "patch", "rmdconfig", "rmdconfig", "--type=merge",
+            "-p", '{"spec": {"agentSettings": {"log_level": "debug"}}}',
+        )  # fmt: skip
+
+        def rolled() -> bool:
+            pods = stack.get_json("pods", "-n", RELEASE_NAMESPACE, "-l", AGENT_PODS)["items"]
+            return (
+                [p["metadata"]["uid"] for p in pods] != [old["metadata"]["uid"]]
+                and all(
+                    {"name": "RMD_LOG_LEVEL", "value": "debug"} in p["spec"]["containers"][0].get("env", [])
+                    and any(
+                        c["type"] == "Ready" and c["status"] == "True"
+                        for c in p["status"].get("conditions", [])
+                    )
+                    for p in pods
+                )
+                and len(pods) == 1
+            )
+
+        wait_for("the agent pod replaced by one with the change, Ready", rolled, timeout=180)
+        wait_for("the RmdNodeState Ready again", node_state_ready, timeout=120)
+
+        # Deleting the RmdConfig removes what it made, the agent pod too.
+        _delete_and_wait_gone(stack)
     finally:
         with contextlib.suppress(Exception):
-            stack.kubectl("delete", "rmdconfig", "rmdconfig", "--ignore-not-found", "--wait=true")
-            # The chart takes its objects back only once the garbage collector removed the operator's.
-            for kind, name in (
-                ("daemonset", "rmd-agent"),
-                ("serviceaccount", "rmd-agent"),
-                ("service", "rmd-agent"),
-            ):
-                wait_for(
-                    f"{kind} {name} removed",
-                    lambda kind=kind, name=name: stack.get_json(kind, name, "-n", RELEASE_NAMESPACE) is None,
-                    timeout=120,
-                )
+            _delete_and_wait_gone(stack)  # the chart takes its objects back only once these are gone
         _upgrade(stack, "chart")
         stack.kubectl("label", "node", node, f"{NFD}-", check=False)
         stack.wait_pods_ready()
