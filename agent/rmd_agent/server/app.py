@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from rmd_agent.companions import Companions
 from rmd_agent.engine_api import ManagedEngine
 from rmd_agent.errors import ConfigError
+from rmd_agent.heap import START_UP_SECONDS, release_freed_heap
 from rmd_agent.kube import create_api_client
 from rmd_agent.kubelet.podresources import PodResourcesClient, pod_resources_client
 from rmd_agent.server.grpc_service import AgentInterceptor, AgentService
@@ -128,6 +129,7 @@ class AgentServer:
         self._health_task: asyncio.Task[None] | None = None
         self._certificate: ServingCertificate | None = None
         self._renewal: asyncio.Task[None] | None = None
+        self._trim: asyncio.TimerHandle | None = None
 
     def _serving_certificate(self) -> ServingCertificate:
         # Only with tls_csr: the certificate request needs the `cryptography` package (9 MiB), which an agent
@@ -174,6 +176,7 @@ class AgentServer:
             await self.stop()
             raise
         self._health_task = asyncio.create_task(self._watch_health(), name="grpc-health")
+        self._trim = asyncio.get_running_loop().call_later(START_UP_SECONDS, release_freed_heap)
         if self._certificate is not None:
             self._renewal = asyncio.create_task(self._certificate.renew_forever(), name="tls-renewal")
         log.info(
@@ -226,6 +229,8 @@ class AgentServer:
     async def stop(self) -> None:
         """NOT_SERVING, drain gRPC calls within the grace period, close the engine, then HTTP. Idempotent."""
         self._stopping = True
+        if self._trim is not None:
+            self._trim.cancel()
         if self._renewal is not None:  # (it may be waiting for a signature: cancel, do not wait)
             self._renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):
