@@ -120,7 +120,7 @@ def conditions(plan: Plan | None, seen: Observed) -> list[dict[str, Any]]:
             if rolling
             else _condition(PROGRESSING, False, "RolledOut", f"{desired} agent(s) at the current template", g)
         )
-        if desired == 0:
+        if desired == 0 and _current(ds):  # before its controller counted the nodes, 0 says nothing
             selector = plan.node_selector if plan is not None else {}
             ready = _condition(
                 READY, False, "NoMatchingNodes", f"no node matches the node selector {selector}", g

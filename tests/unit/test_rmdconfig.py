@@ -598,6 +598,13 @@ def test_a_failed_read_keeps_what_the_other_reads_and_the_writes_found() -> None
     assert ref_entry(SCHEDULER_REF) in status["managedObjects"]  # not deleted yet: still listed
 
 
+def test_a_daemonset_its_controller_has_not_counted_yet_is_not_without_nodes() -> None:
+    p = plan(config(), parse_base(BASE_DATA), service_monitor_crd=False)
+    fresh = desired_status(p, Observed(1, ds_with(0, 0, 0, generation=1, observed=0)), NOW)
+    assert conds(fresh)["Ready"] == ("False", "AgentsNotReady")
+    assert conds(fresh)["Progressing"] == ("True", "RollingOut")
+
+
 def test_no_matching_node_is_settled_a_rollout_is_not() -> None:
     p = plan(config(), parse_base(BASE_DATA), service_monitor_crd=False)
     assert settled(desired_status(p, Observed(1, ds_with(0, 0, 0)), NOW))
