@@ -31,24 +31,11 @@ from rmd_operator.rmdconfig_plan import (
 from rmd_operator.rmdconfig_status import Observed, desired_status, events, settled
 from rmd_operator.rmdconfig_sync import RmdConfigSync
 from rmd_operator.status import EventText
+from rmdconfig_seed import NFD, SEED
 
 REPO = Path(__file__).resolve().parents[2]
-NFD = "feature.node.kubernetes.io/cpu-rdt.RDTL3CA"
 NS = "rmd"
 Obj = dict[str, Any]
-
-# The seed's manifest (rmd-operator's samples), as /work/shared/samples/rmdconfig/rmdconfig.yaml has it.
-SEED = """
-apiVersion: intel.com/v1alpha1
-kind: RmdConfig
-metadata:
-   name: "rmdconfig"
-spec:
-  rmdImage: rmd:latest
-  rmdNodeSelector:
-    "feature.node.kubernetes.io/cpu-rdt.RDTL3CA": "true"
-  deployNodeAgent: false
-"""
 
 LABELS = {"app.kubernetes.io/name": "rmd", "app.kubernetes.io/managed-by": "Helm"}
 SELECTOR = {"app.kubernetes.io/name": "rmd", "app.kubernetes.io/component": "agent"}
