@@ -34,7 +34,6 @@ PLURALS = {
     "ClusterRole": "clusterroles",
     "ClusterRoleBinding": "clusterrolebindings",
     "ServiceMonitor": "servicemonitors",
-    "Lease": "leases",
 }
 
 
