@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -168,7 +169,10 @@ class RmdConfigApi:
             raise WriteError(
                 exc.status or 0, str(body.get("message") or f"{exc.status} {exc.reason}")
             ) from None
-        except OSError as exc:
+        except (
+            OSError,
+            urllib3.exceptions.HTTPError,
+        ) as exc:  # unreachable or timed out, after urllib3's retries
             raise WriteError(0, str(exc)) from None
 
     def close(self) -> None:

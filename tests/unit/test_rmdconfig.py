@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
+from kubernetes import client
 
 from rmd_agent.settings import AgentSettings
 from rmd_api.agent_settings import CHART_ONLY, OVERRIDABLE
 from rmd_operator.node_config_api import WriteError
+from rmd_operator.rmdconfig_api import RmdConfigApi
 from rmd_operator.rmdconfig_plan import (
     DAEMONSET_KEY,
     ObjectRef,
@@ -607,6 +610,18 @@ def test_a_pass_without_the_manifests_reports_it() -> None:
     (status,) = api.statuses
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "ApplyFailed" and "rmd/rmd-agent-manifests: not found" in degraded["message"]
+
+
+def test_an_unreachable_api_server_is_a_write_error_the_pass_reports() -> None:
+    def unreachable() -> None:
+        raise urllib3.exceptions.MaxRetryError(None, "/apis", "connection refused")  # type: ignore[arg-type]
+
+    api = RmdConfigApi(client.ApiClient())
+    try:
+        with pytest.raises(WriteError, match="connection refused"):
+            asyncio.run(api._call(unreachable))
+    finally:
+        api.close()
 
 
 # --- the agent setting names the operator knows -------------------------------------------------------------
