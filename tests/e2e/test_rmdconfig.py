@@ -222,6 +222,12 @@ def test_the_operator_may_bind_and_write_only_the_agents_objects(env: Env) -> No
     assert not allowed(env, "patch", rbac, "clusterrolebindings", "cluster-admin")
 
 
+# A DaemonSet's status with no node to run on (the fields its API requires).
+NO_AGENTS = dict.fromkeys(
+    ("desiredNumberScheduled", "currentNumberScheduled", "numberMisscheduled", "numberReady"), 0
+)
+
+
 def owned_by(obj: Obj | None, uid: str) -> bool:
     refs = (obj or {}).get("metadata", {}).get("ownerReferences") or []
     return any(r["uid"] == uid and r["kind"] == "RmdConfig" and r.get("controller") for r in refs)
@@ -256,7 +262,13 @@ def test_the_seed_rmdconfig_deploys_the_agents_and_its_deletion_removes_them(env
     assert binding is not None and binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "rmd-agent", "namespace": ns}
     ]
-    # No node carries the NFD label here: the status says so.
+    # Before the DaemonSet controller has counted the nodes, 0 desired says nothing.
+    env.wait(lambda: (env.condition("Ready") or ("",))[:2] == ("False", "AgentsNotReady"), "not counted yet")
+    # No workload controllers run here: write what the DaemonSet controller would, no node carrying the NFD
+    # label. The status says so.
+    client.AppsV1Api(env.api).patch_namespaced_daemon_set_status(
+        "rmd-agent", ns, {"status": {"observedGeneration": ds["metadata"]["generation"], **NO_AGENTS}}
+    )
     env.wait(lambda: (env.condition("Ready") or ("",))[:2] == ("False", "NoMatchingNodes"), "Ready=False")
     status = (env.rmdconfig() or {})["status"]
     assert status["observedGeneration"] == config["metadata"]["generation"]
