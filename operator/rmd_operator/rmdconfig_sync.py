@@ -71,7 +71,8 @@ class RmdConfigSync:
         self._now = now
         self._config: dict[str, Any] | None = None
         # The last status written, by uid: fresher than the watch event's until that event arrives, so a pass
-        # in between neither writes it again nor repeats its Events.
+        # in between neither writes it again nor repeats its Events. Dropped once an event shows it, so a
+        # status someone else changes later is written again.
         self._written: tuple[str, dict[str, Any]] | None = None
         self._wake = asyncio.Event()
         self.passes = 0
@@ -113,7 +114,10 @@ class RmdConfigSync:
         uid = str(meta.get("uid") or "")
         previous: Mapping[str, Any] = config.get("status") or {}
         if self._written is not None and self._written[0] == uid:
-            previous = self._written[1]
+            if previous == self._written[1]:
+                self._written = None  # the watch caught up: from now on its status is the fresher one
+            else:
+                previous = self._written[1]
         failures: list[str] = []
         unapplied: dict[ObjectRef, str] = {}
         kept: list[ObjectRef] = []

@@ -562,6 +562,17 @@ def test_a_second_pass_before_the_watch_event_writes_and_says_nothing_again() ->
     assert [(e.type, e.reason) for e in posted] == [("Warning", "CRDMissing")]
 
 
+def test_a_status_changed_by_someone_else_after_the_watch_caught_up_is_written_again() -> None:
+    api = FakeApi(BASE_DATA)
+    sync = _sync(api, [])
+    asyncio.run(sync.sync(config()))
+    (written,) = api.statuses
+    asyncio.run(sync.sync(config(status=written)))  # the watch event of that write
+    assert len(api.statuses) == 1
+    asyncio.run(sync.sync(config(status={})))  # e.g. the status cleared by hand
+    assert len(api.statuses) == 2 and api.statuses[1] == written
+
+
 def test_service_monitor_ready_says_whether_the_service_monitor_itself_was_applied() -> None:
     spec = {"serviceMonitor": {"enabled": True}}
     other = FakeApi(BASE_DATA, crd=True, refuse_apply="Service")
