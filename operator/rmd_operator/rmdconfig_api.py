@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rmd_api.names import RMD_CONFIG, RMD_NODE_STATE
 from rmd_operator.kube import load_configuration
-from rmd_operator.node_config_api import WriteError, _body
+from rmd_operator.node_config_api import WriteError, status_body
 from rmd_operator.rmdconfig_plan import MANAGER, ObjectRef
 
 _TIMEOUT = 30.0
@@ -165,7 +165,7 @@ class RmdConfigApi:
         try:
             return await asyncio.to_thread(call)
         except ApiException as exc:
-            body = _body(exc)
+            body = status_body(exc)
             raise WriteError(
                 exc.status or 0, str(body.get("message") or f"{exc.status} {exc.reason}")
             ) from None
