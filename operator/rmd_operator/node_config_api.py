@@ -110,7 +110,7 @@ class NodeConfigApi:
         try:
             await asyncio.to_thread(call)
         except ApiException as exc:
-            body = _body(exc)
+            body = status_body(exc)
             causes = (
                 (body.get("details") or {}).get("causes") if isinstance(body.get("details"), dict) else None
             )
@@ -123,7 +123,7 @@ class NodeConfigApi:
         self._api.close()
 
 
-def _body(exc: ApiException) -> dict[str, Any]:
+def status_body(exc: ApiException) -> dict[str, Any]:
     """The Status object the API server answered with, if any."""
     try:
         body = json.loads(exc.body or "{}")

@@ -11,12 +11,13 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rmd_api.names import RMD_CONFIG, RMD_NODE_STATE
 from rmd_operator.kube import load_configuration
-from rmd_operator.node_config_api import WriteError, _body
+from rmd_operator.node_config_api import WriteError, status_body
 from rmd_operator.rmdconfig_plan import MANAGER, ObjectRef
 
 _TIMEOUT = 30.0
@@ -34,7 +35,6 @@ PLURALS = {
     "ClusterRole": "clusterroles",
     "ClusterRoleBinding": "clusterrolebindings",
     "ServiceMonitor": "servicemonitors",
-    "Lease": "leases",
 }
 
 
@@ -165,11 +165,14 @@ class RmdConfigApi:
         try:
             return await asyncio.to_thread(call)
         except ApiException as exc:
-            body = _body(exc)
+            body = status_body(exc)
             raise WriteError(
                 exc.status or 0, str(body.get("message") or f"{exc.status} {exc.reason}")
             ) from None
-        except OSError as exc:
+        except (
+            OSError,
+            urllib3.exceptions.HTTPError,
+        ) as exc:  # unreachable or timed out, after urllib3's retries
             raise WriteError(0, str(exc)) from None
 
     def close(self) -> None:

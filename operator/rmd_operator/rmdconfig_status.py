@@ -41,7 +41,10 @@ MAX_LISTED = 500  # nodes listed in status.nodes / unsupportedNodes
 class Observed:
     """What one pass read and did. `daemonset`: the stored DaemonSet (None: not there); `pods`: the
     DaemonSet's pods; `nodes`: node name -> labels; `node_states`: the agents' RmdNodeStates; `failures`:
-    the writes refused in this pass (or why nothing could be planned); `previous`: the stored status."""
+    the writes refused in this pass (or why nothing could be planned); `unapplied`: of those, the objects
+    whose apply was refused, with the failure; `kept`: objects of an earlier pass that the plan no longer has
+    but this pass did not delete (refused, or held back by an invalid spec), still listed in managedObjects
+    so that a later pass deletes them; `previous`: the stored status."""
 
     generation: int
     daemonset: Mapping[str, Any] | None
@@ -49,6 +52,8 @@ class Observed:
     nodes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     node_states: Sequence[Mapping[str, Any]] = ()
     failures: Sequence[str] = ()
+    unapplied: Mapping[ObjectRef, str] = field(default_factory=dict)
+    kept: Sequence[ObjectRef] = ()
     previous: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -115,7 +120,7 @@ def conditions(plan: Plan | None, seen: Observed) -> list[dict[str, Any]]:
             if rolling
             else _condition(PROGRESSING, False, "RolledOut", f"{desired} agent(s) at the current template", g)
         )
-        if desired == 0:
+        if desired == 0 and _current(ds):  # before its controller counted the nodes, 0 says nothing
             selector = plan.node_selector if plan is not None else {}
             ready = _condition(
                 READY, False, "NoMatchingNodes", f"no node matches the node selector {selector}", g
@@ -128,12 +133,14 @@ def conditions(plan: Plan | None, seen: Observed) -> list[dict[str, Any]]:
             )
     result = [ready, progressing, degraded]
     if plan is not None and plan.service_monitor == "Planned":
+        # Only the ServiceMonitor's own write counts: another object's failure is Degraded's to report.
+        refused = next((why for ref, why in seen.unapplied.items() if ref.kind == "ServiceMonitor"), "")
         result.append(
             _condition(
                 SERVICE_MONITOR_READY,
-                not failures,
-                "Created" if not failures else "ApplyFailed",
-                "the agents' ServiceMonitor is applied",
+                not refused,
+                "ApplyFailed" if refused else "Created",
+                refused or "the agents' ServiceMonitor is applied",
                 g,
             )
         )
@@ -212,10 +219,10 @@ def desired_status(plan: Plan | None, seen: Observed, now: str) -> dict[str, Any
             plan.node_selector if plan else {}, seen.nodes, seen.node_states
         ),
         "settingsIgnored": sorted(plan.ignored_settings) if plan else [],
-        # What this pass applied, so a later pass deletes what its plan no longer has (rmdconfig_plan.stale);
-        # kept as it was when nothing could be planned.
+        # What this pass applied and what it could not delete yet, so a later pass deletes what its plan no
+        # longer has (rmdconfig_plan.stale); kept as it was when nothing could be planned.
         "managedObjects": (
-            [ref_entry(ObjectRef.of(o)) for o in plan.apply]
+            [ref_entry(ObjectRef.of(o)) for o in plan.apply] + [ref_entry(ref) for ref in seen.kept]
             if plan is not None
             else list(seen.previous.get("managedObjects") or [])
         ),

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from rmd_api.kube_time import now_time
 from rmd_operator.node_config_api import WriteError
@@ -35,6 +35,7 @@ from rmd_operator.status import EventText
 
 log = logging.getLogger(__name__)
 BUSY_SECONDS = 5.0
+_T = TypeVar("_T")
 
 
 class ClusterApi(Protocol):
@@ -70,7 +71,8 @@ class RmdConfigSync:
         self._now = now
         self._config: dict[str, Any] | None = None
         # The last status written, by uid: fresher than the watch event's until that event arrives, so a pass
-        # in between neither writes it again nor repeats its Events.
+        # in between neither writes it again nor repeats its Events. Dropped once an event shows it, so a
+        # status someone else changes later is written again.
         self._written: tuple[str, dict[str, Any]] | None = None
         self._wake = asyncio.Event()
         self.passes = 0
@@ -112,30 +114,39 @@ class RmdConfigSync:
         uid = str(meta.get("uid") or "")
         previous: Mapping[str, Any] = config.get("status") or {}
         if self._written is not None and self._written[0] == uid:
-            previous = self._written[1]
+            if previous == self._written[1]:
+                self._written = None  # the watch caught up: from now on its status is the fresher one
+            else:
+                previous = self._written[1]
         failures: list[str] = []
+        unapplied: dict[ObjectRef, str] = {}
+        kept: list[ObjectRef] = []
         the_plan: Plan | None = None
         try:
             the_plan = await self._plan(config)
         except (PlanError, WriteError) as exc:
             failures.append(f"ConfigMap {self._namespace}/{self._configmap}: {exc}")
         if the_plan is not None:
-            failures += await self._write(the_plan, stale(previous.get("managedObjects") or [], the_plan))
-        ds = the_plan.daemonset["metadata"] if the_plan is not None else None
-        seen = Observed(generation, None, failures=failures, previous=previous)
-        try:
-            if ds is not None and the_plan is not None:
-                seen = Observed(
-                    generation,
-                    await self._api.read_daemonset(self._namespace, ds["name"]),
-                    await self._api.list_pods(self._namespace, the_plan.pod_labels),
-                    await self._api.node_labels(),
-                    await self._api.list_node_states(self._namespace),
-                    failures,
-                    previous,
-                )
-        except WriteError as exc:
-            failures.append(f"reading the agents' state: {exc}")
+            old = stale(previous.get("managedObjects") or [], the_plan)
+            # An invalid spec leaves out the objects of the part it cannot honour (the scheduler's): what an
+            # earlier pass made for it stays until the spec is fixed, rather than stop a working scheduler.
+            if the_plan.spec_error:
+                kept, old = old, []
+            unapplied, undeleted = await self._write(the_plan, old)
+            failures += [*unapplied.values(), *undeleted.values()]
+            kept += undeleted
+        daemonset: dict[str, Any] | None = None
+        pods: list[dict[str, Any]] = []
+        nodes: dict[str, dict[str, str]] = {}
+        node_states: list[dict[str, Any]] = []
+        if the_plan is not None:  # each read on its own: one refused must not blank what the others found
+            ns = self._namespace
+            ds_name = the_plan.daemonset["metadata"]["name"]
+            daemonset = await _read(self._api.read_daemonset(ns, ds_name), None, "DaemonSet", failures)
+            pods = await _read(self._api.list_pods(ns, the_plan.pod_labels), [], "pods", failures)
+            nodes = await _read(self._api.node_labels(), {}, "Nodes", failures)
+            node_states = await _read(self._api.list_node_states(ns), [], "RmdNodeStates", failures)
+        seen = Observed(generation, daemonset, pods, nodes, node_states, failures, unapplied, kept, previous)
         status = desired_status(the_plan, seen, self._now())
         if status != previous:
             try:
@@ -159,16 +170,29 @@ class RmdConfigSync:
         crd = await self._api.crd_exists(SERVICE_MONITOR_CRD)
         return plan(config, base, service_monitor_crd=crd, extra=self._extra)
 
-    async def _write(self, the_plan: Plan, stale_refs: Sequence[ObjectRef]) -> Sequence[str]:
-        failures = []
+    async def _write(
+        self, the_plan: Plan, stale_refs: Sequence[ObjectRef]
+    ) -> tuple[dict[ObjectRef, str], dict[ObjectRef, str]]:
+        """Apply the plan, delete its removals and `stale_refs`; the refused applies and deletes, with why."""
+        unapplied: dict[ObjectRef, str] = {}
+        undeleted: dict[ObjectRef, str] = {}
         for obj in the_plan.apply:
             try:
                 await self._api.apply(obj)
             except WriteError as exc:
-                failures.append(f"{obj['kind']} {obj['metadata']['name']}: {exc}")
+                unapplied[ObjectRef.of(obj)] = f"{obj['kind']} {obj['metadata']['name']}: {exc}"
         for ref in [*the_plan.remove, *stale_refs]:
             try:
                 await self._api.delete(ref)
             except WriteError as exc:
-                failures.append(f"deleting {ref.kind} {ref.name}: {exc}")
-        return failures
+                undeleted[ref] = f"deleting {ref.kind} {ref.name}: {exc}"
+        return unapplied, undeleted
+
+
+async def _read(call: Awaitable[_T], default: _T, what: str, failures: list[str]) -> _T:
+    """What `call` read; `default` if it was refused, and why in `failures`."""
+    try:
+        return await call
+    except WriteError as exc:
+        failures.append(f"reading {what}: {exc}")
+        return default

@@ -327,10 +327,9 @@ def scheduler_objects(
         scheduler_config(name, namespace, fingerprint_method), sort_keys=False, default_flow_style=False
     )
     image, replicas, resources = _image(spec), _replicas(spec), _resources(spec)
-    sa = "ServiceAccount"
     namespaced: list[tuple[str, Obj]] = [
         (f"{name}-config", {"apiVersion": "v1", "kind": "ConfigMap", "data": {CONFIG_KEY: config_text}}),
-        (name, {"apiVersion": "v1", "kind": sa}),
+        (name, {"apiVersion": "v1", "kind": "ServiceAccount"}),
         (name, _lease_role(name)),
         (name, _binding("RoleBinding", "Role", name, name, namespace)),
         (name, _deployment(name, image, replicas, resources, config_text)),

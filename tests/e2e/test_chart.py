@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import subprocess
 import time
 import uuid
@@ -37,6 +36,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from helm_cli import CHART, Helm
 from rmd_agent.heartbeat import renewed_lease
 from rmd_agent.kube_api import KubeApi
 from rmd_agent.kube_config import load_kubeconfig
@@ -55,11 +55,10 @@ from rmd_operator.settings import load_settings as load_operator_settings
 from rmd_operator.validate.checks import validate
 from rmd_operator.validate.collect import Options, collect
 from rmd_operator.validate.context import build_context
-from rmd_sim.control_plane import BinariesNotFound, ControlPlane, find_bin_dir, repo_root
+from rmd_sim.control_plane import ControlPlane, repo_root
 
 Obj = dict[str, Any]
 
-CHART = repo_root() / "charts" / "rmd"
 NFD_RDT_LABEL = "feature.node.kubernetes.io/cpu-rdt.RDTL3CA"
 FIELD_MANAGER = "rmd-chart-e2e"
 WAO_CRDS = ("nodeconfigs.wao.bitmedia.co.jp", "nodeconfigtemplates.wao.bitmedia.co.jp")
@@ -104,44 +103,9 @@ NON_DEFAULT_VALUES: Obj = {
 # -- helm -----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Helm:
-    binary: Path
-    home: Path  # helm's cache/config/data, kept out of the user's home
-
-    def run(
-        self, *args: str, kubeconfig: Path | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ)
-        for name in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
-            env[name] = str(self.home / name.lower())
-        if kubeconfig is not None:
-            env["KUBECONFIG"] = str(kubeconfig)
-            env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-        result = subprocess.run(
-            [str(self.binary), *args], capture_output=True, text=True, env=env, timeout=120, check=False
-        )
-        if check and result.returncode != 0:
-            output = f"{result.stdout}\n{result.stderr}".strip()
-            pytest.fail(f"helm {' '.join(args)} failed ({result.returncode}):\n{output}", pytrace=False)
-        return result
-
-    def template(self, release: str, namespace: str, *args: str) -> list[Obj]:
-        out = self.run("template", release, str(CHART), "--namespace", namespace, *args).stdout
-        return [d for d in yaml.safe_load_all(out) if d]
-
-
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    try:
-        binary = find_bin_dir() / "helm"
-    except BinariesNotFound as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set, so helm is required: {exc}", pytrace=False)
-        pytest.skip(f"helm unavailable: {exc}")
-    if not os.access(binary, os.X_OK):
-        pytest.skip(f"{binary} is not built (tools/build-binaries.sh builds it)")
-    return Helm(binary, tmp_path_factory.mktemp("helm-home"))
+    return Helm.found(tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.fixture(scope="module")

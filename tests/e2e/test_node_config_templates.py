@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kube_clients import KubeClients
 from operator_process import Operator
 from rmd_api.names import NODE_CONFIG, NODE_CONFIG_TEMPLATE
 from rmd_sim.control_plane import ControlPlane
@@ -38,20 +39,12 @@ Obj = dict[str, Any]
 
 
 @dataclass
-class Env:
+class Env(KubeClients):
     api: Any
     namespace: str
     tag: str  # makes the test's (cluster-scoped) Node names unique
     operator: Operator
     nodes: list[str]
-
-    @property
-    def core(self) -> Any:
-        return client.CoreV1Api(self.api)
-
-    @property
-    def objects(self) -> Any:
-        return client.CustomObjectsApi(self.api)
 
     def node_name(self, short: str) -> str:
         return f"{short}-{self.tag}"

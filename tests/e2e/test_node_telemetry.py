@@ -24,6 +24,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kube_clients import KubeClients
 from operator_process import Operator
 from rmd_api.names import NODE_CONFIG
 from rmd_sim.control_plane import ControlPlane
@@ -121,20 +122,12 @@ def node_metrics_api(control_plane: ControlPlane) -> Iterator[None]:
 
 
 @dataclass
-class Env:
+class Env(KubeClients):
     api: Any
     namespace: str
     node: str
     operator: Operator
     metrics_port: int
-
-    @property
-    def core(self) -> Any:
-        return client.CoreV1Api(self.api)
-
-    @property
-    def objects(self) -> Any:
-        return client.CustomObjectsApi(self.api)
 
     def create_node_config(self, name: str, spec: Obj) -> None:
         body = {"apiVersion": NODE_CONFIG.api_version, "kind": "NodeConfig", "metadata": {"name": name}}

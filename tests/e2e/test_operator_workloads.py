@@ -35,6 +35,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kube_clients import KubeClients
 from rmd_agent.server.tls import client_dns_names, is_allowed
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 from rmd_api.cpuset import parse_cpu_list
@@ -376,7 +377,7 @@ def _reset_node_labels(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @dataclass
-class Env:
+class Env(KubeClients):
     api: Any
     namespace: str
     tls: Pki
@@ -385,14 +386,6 @@ class Env:
     tmp: Path
     operators: list[OperatorProcess]
     agents: list[FakeAgent]
-
-    @property
-    def objects(self) -> Any:
-        return client.CustomObjectsApi(self.api)
-
-    @property
-    def core(self) -> Any:
-        return client.CoreV1Api(self.api)
 
     def agent(self, node: str, *, tls: bool = True, identity: str = "", start: bool = True) -> FakeAgent:
         fake = FakeAgent(self.loop, self.tls.ca, node, tls=tls, identity=identity)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,33 +24,22 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from helm_cli import Helm
+from kube_clients import KubeClients
 from operator_process import Operator
 from rmd_api.names import RMD_CONFIG
 from rmd_operator.scheduler_objects import cluster_binding_names
 from rmd_operator.validate.scheduler import NRT_PLUGIN
-from rmd_sim.control_plane import BinariesNotFound, ControlPlane, find_bin_dir, repo_root
+from rmd_sim.control_plane import ControlPlane
+from rmdconfig_seed import NFD, SEED
 
 pytestmark = pytest.mark.e2e
 
-CHART = repo_root() / "charts" / "rmd"
 RELEASE = "rmd"
-NFD = "feature.node.kubernetes.io/cpu-rdt.RDTL3CA"
 GROUP, VERSION, PLURAL = RMD_CONFIG.group, RMD_CONFIG.version, RMD_CONFIG.plural
 WAIT = 30.0
 GC_WAIT = 120.0  # the garbage collector finds the resources of a CRD made after it started on its next pass
 Obj = dict[str, Any]
-
-# The seed's manifest, byte for byte (rmd-operator's samples; /work/shared/samples/rmdconfig/rmdconfig.yaml).
-SEED = """apiVersion: intel.com/v1alpha1
-kind: RmdConfig
-metadata:
-   name: "rmdconfig"
-spec:
-  rmdImage: rmd:latest
-  rmdNodeSelector:
-    "feature.node.kubernetes.io/cpu-rdt.RDTL3CA": "true"
-  deployNodeAgent: false
-"""
 
 # prometheus-operator's ServiceMonitor CRD reduced to what the API server needs to serve the kind.
 SERVICE_MONITOR_CRD: Obj = {
@@ -79,43 +66,21 @@ SERVICE_MONITOR_CRD: Obj = {
 
 def _helm_template(tmp: Path, namespace: str, *values: str) -> list[Obj]:
     """The chart as helm renders it, by default with agent.deployedBy=rmdconfig."""
-    try:
-        binary = find_bin_dir() / "helm"
-    except BinariesNotFound as exc:
-        pytest.skip(f"helm unavailable: {exc}")
-    env = dict(os.environ)
-    for name in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
-        env[name] = str(tmp / name.lower())
-    out = subprocess.run(
-        [
-            *(str(binary), "template", RELEASE, str(CHART), "--namespace", namespace),
-            *("--set", "agent.deployedBy=rmdconfig", "--set", "nodeTelemetry.installCRDs=false"),
-            *values,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=True,
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return Helm.found(tmp).template(
+        RELEASE,
+        namespace,
+        *("--set", "agent.deployedBy=rmdconfig", "--set", "nodeTelemetry.installCRDs=false"),
+        *values,
+    )
 
 
 @dataclass
-class Env:
+class Env(KubeClients):
     cp: ControlPlane
     api: Any
     namespace: str
     operator: Operator
     tmp: Path
-
-    @property
-    def core(self) -> Any:
-        return client.CoreV1Api(self.api)
-
-    @property
-    def objects(self) -> Any:
-        return client.CustomObjectsApi(self.api)
 
     def rmdconfig(self) -> Obj | None:
         with contextlib.suppress(ApiException):
@@ -257,6 +222,12 @@ def test_the_operator_may_bind_and_write_only_the_agents_objects(env: Env) -> No
     assert not allowed(env, "patch", rbac, "clusterrolebindings", "cluster-admin")
 
 
+# A DaemonSet's status with no node to run on (the fields its API requires).
+NO_AGENTS = dict.fromkeys(
+    ("desiredNumberScheduled", "currentNumberScheduled", "numberMisscheduled", "numberReady"), 0
+)
+
+
 def owned_by(obj: Obj | None, uid: str) -> bool:
     refs = (obj or {}).get("metadata", {}).get("ownerReferences") or []
     return any(r["uid"] == uid and r["kind"] == "RmdConfig" and r.get("controller") for r in refs)
@@ -291,7 +262,13 @@ def test_the_seed_rmdconfig_deploys_the_agents_and_its_deletion_removes_them(env
     assert binding is not None and binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "rmd-agent", "namespace": ns}
     ]
-    # No node carries the NFD label here: the status says so.
+    # Before the DaemonSet controller has counted the nodes, 0 desired says nothing.
+    env.wait(lambda: (env.condition("Ready") or ("",))[:2] == ("False", "AgentsNotReady"), "not counted yet")
+    # No workload controllers run here: write what the DaemonSet controller would, no node carrying the NFD
+    # label. The status says so.
+    client.AppsV1Api(env.api).patch_namespaced_daemon_set_status(
+        "rmd-agent", ns, {"status": {"observedGeneration": ds["metadata"]["generation"], **NO_AGENTS}}
+    )
     env.wait(lambda: (env.condition("Ready") or ("",))[:2] == ("False", "NoMatchingNodes"), "Ready=False")
     status = (env.rmdconfig() or {})["status"]
     assert status["observedGeneration"] == config["metadata"]["generation"]

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
+import functools
 import socket
 import ssl
 import subprocess
@@ -32,6 +32,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from helm_cli import Helm, require_binary
 from rmd_operator.scheduler_objects import (
     BUILTIN_ROLES,
     cluster_binding_names,
@@ -39,13 +40,12 @@ from rmd_operator.scheduler_objects import (
     scheduler_objects,
 )
 from rmd_operator.validate.scheduler import NRT_PLUGIN
-from rmd_sim.control_plane import BinariesNotFound, ControlPlane, ManagedProcess, find_bin_dir, repo_root
+from rmd_sim.control_plane import ControlPlane, ManagedProcess
 from rmd_sim.control_plane_components import http_get
 
 Obj = dict[str, Any]
 T = TypeVar("T")
 
-CHART = repo_root() / "charts" / "rmd"
 RELEASE = "rel"
 RMDCONFIG = ("--set", "agent.deployedBy=rmdconfig")
 
@@ -53,43 +53,15 @@ RMDCONFIG = ("--set", "agent.deployedBy=rmdconfig")
 # -- binaries ---------------------------------------------------------------------------------------------
 
 
-def _binary(name: str) -> Path:
-    try:
-        path = find_bin_dir() / name
-    except BinariesNotFound as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set, so {name} is required: {exc}", pytrace=False)
-        pytest.skip(f"{name} unavailable: {exc}")
-    if not os.access(path, os.X_OK):
-        pytest.skip(f"{path} is not built (tools/build-binaries.sh builds it)")
-    return path
-
-
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[Obj]]:
-    binary, home = _binary("helm"), tmp_path_factory.mktemp("helm-home")
-
-    def template(namespace: str, *args: str) -> list[Obj]:
-        env = dict(os.environ)
-        for name in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
-            env[name] = str(home / name.lower())
-        result = subprocess.run(
-            [str(binary), "template", RELEASE, str(CHART), "--namespace", namespace, *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return [d for d in yaml.safe_load_all(result.stdout) if d]
-
-    return template
+    """`helm template` of release RELEASE: (namespace, *args) -> its objects."""
+    return functools.partial(Helm.found(tmp_path_factory.mktemp("helm-home")).template, RELEASE)
 
 
 @pytest.fixture(scope="module")
 def kube_scheduler() -> Path:
-    return _binary("kube-scheduler")
+    return require_binary("kube-scheduler")
 
 
 def _cluster(namespace: str) -> str:

@@ -229,6 +229,34 @@ async def test_a_burst_of_changes_is_echoed_once_after_the_last(host: Path) -> N
     assert echoes[0] - changes[-1] >= 0.3 - 0.01
 
 
+class OnceRefusingPublisher(WritingPublisher):
+    """Refuses the second publish (the first change's write), as an API server hiccup would."""
+
+    async def publish(self, topology: NodeTopology, annotations: Mapping[str, str], *, verify: bool) -> str:
+        if len(self.calls) == 1:
+            self.calls.append((time.monotonic(), verify, dict(annotations)))
+            raise OSError("connection reset")
+        return await super().publish(topology, annotations, verify=verify)
+
+
+async def test_a_change_written_by_the_retry_after_a_failure_is_echoed(host: Path) -> None:
+    exp = exporter(
+        host, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=600.0, nrt_requeue_seconds=0.2
+    )
+    publisher, kubelet = OnceRefusingPublisher(), SwitchedKubelet()
+    task = await run_loop(exp, publisher, kubelet)  # type: ignore[arg-type]
+    try:
+        await until(lambda: len(publisher.calls) == 1)
+        kubelet.pods = [PodResources("ns", "pinned", (ContainerResources("c", frozenset({1})),))]
+        exp.poke("kubelet-state:cpu_manager_state")
+        await until(lambda: len(publisher.calls) == 3)  # refused, then retried after the backoff (verify)
+        await asyncio.sleep(0.5)
+    finally:
+        await stop(exp, task)
+    assert publisher.calls[2][1]  # the retry verifies, and it is what wrote the change
+    assert exp.echoes == 1
+
+
 async def test_no_echo_when_the_requeue_delay_is_zero(host: Path) -> None:
     exp = exporter(
         host, nrt_min_write_interval_seconds=0.0, nrt_resync_seconds=600.0, nrt_requeue_seconds=0.0

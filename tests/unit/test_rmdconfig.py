@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
+from kubernetes import client
 
 from rmd_agent.settings import AgentSettings
 from rmd_api.agent_settings import CHART_ONLY, OVERRIDABLE
+from rmd_operator.node_config_api import WriteError
+from rmd_operator.rmdconfig_api import RmdConfigApi
 from rmd_operator.rmdconfig_plan import (
     DAEMONSET_KEY,
     ObjectRef,
@@ -25,28 +29,16 @@ from rmd_operator.rmdconfig_plan import (
     PlanError,
     parse_base,
     plan,
+    ref_entry,
 )
 from rmd_operator.rmdconfig_status import Observed, desired_status, events, settled
 from rmd_operator.rmdconfig_sync import RmdConfigSync
 from rmd_operator.status import EventText
+from rmdconfig_seed import NFD, SEED
 
 REPO = Path(__file__).resolve().parents[2]
-NFD = "feature.node.kubernetes.io/cpu-rdt.RDTL3CA"
 NS = "rmd"
 Obj = dict[str, Any]
-
-# The seed's manifest (rmd-operator's samples), as /work/shared/samples/rmdconfig/rmdconfig.yaml has it.
-SEED = """
-apiVersion: intel.com/v1alpha1
-kind: RmdConfig
-metadata:
-   name: "rmdconfig"
-spec:
-  rmdImage: rmd:latest
-  rmdNodeSelector:
-    "feature.node.kubernetes.io/cpu-rdt.RDTL3CA": "true"
-  deployNodeAgent: false
-"""
 
 LABELS = {"app.kubernetes.io/name": "rmd", "app.kubernetes.io/managed-by": "Helm"}
 SELECTOR = {"app.kubernetes.io/name": "rmd", "app.kubernetes.io/component": "agent"}
@@ -309,6 +301,44 @@ def test_objects_a_later_plan_no_longer_has_are_deleted() -> None:
     assert all(e["kind"] != "Deployment" for e in api.statuses[-1]["managedObjects"])
 
 
+def _scheduler_sync(api: FakeApi) -> RmdConfigSync:
+    return RmdConfigSync(
+        api, lambda obj, event: None, namespace=NS, configmap="rmd-agent-manifests", resync=60.0,
+        extra=scheduler_extra, now=lambda: NOW,
+    )  # fmt: skip
+
+
+SCHEDULER_REF = ObjectRef("apps/v1", "Deployment", NS, "sched")
+
+
+def test_an_object_whose_deletion_failed_is_deleted_by_a_later_pass() -> None:
+    api = FakeApi(BASE_DATA)
+    sync = _scheduler_sync(api)
+    asyncio.run(sync.sync(config({"scheduler": {"enabled": True}})))
+    api.refuse_delete = True
+    off = config({"scheduler": {"enabled": False}}, generation=2)
+    asyncio.run(sync.sync(off))
+    status = api.statuses[-1]
+    assert conds(status)["Degraded"] == ("True", "ApplyFailed")
+    assert "deleting Deployment sched: forbidden" in degraded_message(status)
+    api.refuse_delete = False
+    asyncio.run(sync.sync(off))
+    assert api.deleted == [SCHEDULER_REF]
+    assert all(e["kind"] != "Deployment" for e in api.statuses[-1]["managedObjects"])
+
+
+def test_an_invalid_scheduler_spec_keeps_the_scheduler_made_before() -> None:
+    api = FakeApi(BASE_DATA)
+    sync = _scheduler_sync(api)
+    asyncio.run(sync.sync(config({"scheduler": {"enabled": True}})))
+    asyncio.run(sync.sync(config({"scheduler": {"enabled": True, "replicas": 0}}, generation=2)))
+    assert api.deleted == []
+    assert conds(api.statuses[-1])["Degraded"] == ("True", "InvalidSpec")
+    assert ref_entry(SCHEDULER_REF) in api.statuses[-1]["managedObjects"]
+    asyncio.run(sync.sync(config({"scheduler": {"enabled": False}}, generation=3)))
+    assert api.deleted == [SCHEDULER_REF]
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -351,6 +381,10 @@ def pod(node: str, ready: bool, image: str = "rmd:latest") -> Obj:
 def node_state(node: str, supported: bool, reason: str = "", detail: str = "") -> Obj:
     cap = {"supported": supported, "reason": reason, "detail": detail}
     return {"spec": {"node": node}, "status": {"capabilities": {"rdtL3Cat": cap}}}
+
+
+def degraded_message(status: Mapping[str, Any]) -> str:
+    return str(next(c["message"] for c in status["conditions"] if c["type"] == "Degraded"))
 
 
 def conds(status: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
@@ -448,6 +482,9 @@ class FakeApi:
     applied: list[Obj] = dataclasses.field(default_factory=list)
     deleted: list[ObjectRef] = dataclasses.field(default_factory=list)
     statuses: list[Obj] = dataclasses.field(default_factory=list)
+    refuse_delete: bool = False
+    refuse_apply: str = ""  # a kind whose apply is refused
+    refuse_node_states: bool = False
 
     async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         assert (namespace, name) == (NS, "rmd-agent-manifests")
@@ -457,9 +494,13 @@ class FakeApi:
         return self.crd
 
     async def apply(self, obj: Mapping[str, Any]) -> None:
+        if obj["kind"] == self.refuse_apply:
+            raise WriteError(403, "forbidden")
         self.applied.append(json.loads(json.dumps(obj)))
 
     async def delete(self, ref: ObjectRef) -> None:
+        if self.refuse_delete:
+            raise WriteError(403, "forbidden")
         self.deleted.append(ref)
 
     async def read_daemonset(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -473,6 +514,8 @@ class FakeApi:
         return {"n1": {NFD: "true"}}
 
     async def list_node_states(self, namespace: str) -> list[dict[str, Any]]:
+        if self.refuse_node_states:
+            raise WriteError(403, "forbidden")
         return []
 
     async def patch_status(self, name: str, status: Mapping[str, Any]) -> None:
@@ -519,6 +562,50 @@ def test_a_second_pass_before_the_watch_event_writes_and_says_nothing_again() ->
     assert [(e.type, e.reason) for e in posted] == [("Warning", "CRDMissing")]
 
 
+def test_a_status_changed_by_someone_else_after_the_watch_caught_up_is_written_again() -> None:
+    api = FakeApi(BASE_DATA)
+    sync = _sync(api, [])
+    asyncio.run(sync.sync(config()))
+    (written,) = api.statuses
+    asyncio.run(sync.sync(config(status=written)))  # the watch event of that write
+    assert len(api.statuses) == 1
+    asyncio.run(sync.sync(config(status={})))  # e.g. the status cleared by hand
+    assert len(api.statuses) == 2 and api.statuses[1] == written
+
+
+def test_service_monitor_ready_says_whether_the_service_monitor_itself_was_applied() -> None:
+    spec = {"serviceMonitor": {"enabled": True}}
+    other = FakeApi(BASE_DATA, crd=True, refuse_apply="Service")
+    asyncio.run(_sync(other, []).sync(config(spec)))
+    assert conds(other.statuses[-1])["ServiceMonitorReady"] == ("True", "Created")
+    refused = FakeApi(BASE_DATA, crd=True, refuse_apply="ServiceMonitor")
+    asyncio.run(_sync(refused, []).sync(config(spec)))
+    (monitor,) = (c for c in refused.statuses[-1]["conditions"] if c["type"] == "ServiceMonitorReady")
+    assert (monitor["status"], monitor["reason"]) == ("False", "ApplyFailed")
+    assert monitor["message"] == "ServiceMonitor rmd-agent: forbidden"
+
+
+def test_a_failed_read_keeps_what_the_other_reads_and_the_writes_found() -> None:
+    api = FakeApi(BASE_DATA)
+    sync = _scheduler_sync(api)
+    asyncio.run(sync.sync(config({"scheduler": {"enabled": True}})))
+    api.refuse_delete = api.refuse_node_states = True
+    asyncio.run(sync.sync(config({"scheduler": {"enabled": False}}, generation=2)))
+    status = api.statuses[-1]
+    assert (status["desiredNumberScheduled"], status["numberReady"]) == (1, 1)
+    assert conds(status)["Ready"] == ("True", "AgentsReady")  # the DaemonSet was read
+    assert conds(status)["Degraded"] == ("True", "ApplyFailed")
+    assert "reading RmdNodeStates: forbidden" in degraded_message(status)
+    assert ref_entry(SCHEDULER_REF) in status["managedObjects"]  # not deleted yet: still listed
+
+
+def test_a_daemonset_its_controller_has_not_counted_yet_is_not_without_nodes() -> None:
+    p = plan(config(), parse_base(BASE_DATA), service_monitor_crd=False)
+    fresh = desired_status(p, Observed(1, ds_with(0, 0, 0, generation=1, observed=0)), NOW)
+    assert conds(fresh)["Ready"] == ("False", "AgentsNotReady")
+    assert conds(fresh)["Progressing"] == ("True", "RollingOut")
+
+
 def test_no_matching_node_is_settled_a_rollout_is_not() -> None:
     p = plan(config(), parse_base(BASE_DATA), service_monitor_crd=False)
     assert settled(desired_status(p, Observed(1, ds_with(0, 0, 0)), NOW))
@@ -534,6 +621,18 @@ def test_a_pass_without_the_manifests_reports_it() -> None:
     (status,) = api.statuses
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "ApplyFailed" and "rmd/rmd-agent-manifests: not found" in degraded["message"]
+
+
+def test_an_unreachable_api_server_is_a_write_error_the_pass_reports() -> None:
+    def unreachable() -> None:
+        raise urllib3.exceptions.MaxRetryError(None, "/apis", "connection refused")  # type: ignore[arg-type]
+
+    api = RmdConfigApi(client.ApiClient())
+    try:
+        with pytest.raises(WriteError, match="connection refused"):
+            asyncio.run(api._call(unreachable))
+    finally:
+        api.close()
 
 
 # --- the agent setting names the operator knows -------------------------------------------------------------

@@ -272,6 +272,9 @@ class NrtExporter:
         self._trigger.fire("start")
         next_resync = time.monotonic()  # the first refresh verifies against the API server
         requeue_at = float("inf")  # when the echo of the last change is due (docs/topology.md)
+        # A trigger other than the start fired and its refresh has not published yet: the write that follows
+        # echoes, even when a resync or the retry after a failure is what makes it.
+        change_pending = False
         last_refresh = float("-inf")
         backoff = 0.0
         while not self._stopping:
@@ -287,6 +290,7 @@ class NrtExporter:
                 reasons |= await self._trigger.wait(delay)
                 if self._stopping:
                     return
+            change_pending |= bool(reasons - {"start"})
             verify = time.monotonic() >= next_resync or backoff > 0
             if verify:
                 next_resync = time.monotonic() + settings.nrt_resync_seconds
@@ -300,9 +304,11 @@ class NrtExporter:
                         topology, _annotations(topology), verify=verify
                     )
                     # An allocation changed (not a start or a repair): echo it, a burst re-arms the echo.
-                    if self.last_outcome != "unchanged" and not verify and settings.nrt_requeue_seconds > 0:
+                    echo = change_pending and settings.nrt_requeue_seconds > 0
+                    if echo and self.last_outcome != "unchanged":
                         requeue_at = time.monotonic() + settings.nrt_requeue_seconds
                 self.last_topology = topology
+                change_pending = False
                 backoff = 0.0
                 log.debug("refresh (%s): %s", ", ".join(sorted(reasons)) or "resync", self.last_outcome)
             except Exception as exc:  # a long-running exporter must survive any one failed refresh
