@@ -19,7 +19,8 @@ the engine's part, the scrapes left out for theirs) and measured the same way: a
 difference from everything on. The figures are medians of the repetitions.
 
     python bench/agent_total.py [--pods 500] [--workloads 100] [--window 60] [--repeats 3] [--warmup 20]
-                                [--scrape-interval 15] [--parts all|none|power,nrt,...] [--json] [--keep]
+                                [--scrape-interval 15] [--parts all|none|power,nrt,...] [--profile SECONDS]
+                                [--json] [--keep]
 
 Targets (issue #14 item 5): with everything on, agent CPU <= 2 % of one core and RSS <= 100 MiB (the peak,
 VmHWM, over the whole run, and so also the steady VmRSS). Exit status 1 if one is missed.
@@ -307,6 +308,59 @@ def everything_on(node: SimNode, text: str, workloads: int) -> dict[str, bool]:
     }
 
 
+# Where a py-spy stack's time goes: the first frame, from the stack's root, in one of these (path fragments).
+PROFILE_OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("scrape", ("rmd_agent/server/http_endpoints.py",)),
+    ("power", ("rmd_agent/power/", "rmd_agent/metrics/power_collector.py")),
+    ("nrt", ("rmd_agent/nrt/",)),
+    ("deviceplugin", ("rmd_agent/deviceplugin/",)),
+    ("nodestate", ("rmd_agent/node_state.py", "rmd_agent/heartbeat.py")),
+    ("rdt", ("rmd_agent/metrics/rdt_collector.py",)),
+    ("workloads", ("rmd_agent/engine.py", "rmd_agent/pstate/", "rmd_agent/observe/", "rmd_agent/act/")),
+    ("grpc", ("rmd_agent/server/grpc_service.py", "site-packages/grpc/")),
+)
+
+
+def profile_owner(stack: str) -> str:
+    for frame in stack.split(";"):
+        for owner, fragments in PROFILE_OWNERS:
+            if any(f in frame for f in fragments):
+                return owner
+    return "other"
+
+
+def profile_shares(raw: str) -> dict[str, float]:
+    """py-spy's raw output (one "frame;frame;... count" line per stack) as each owner's share of the
+    samples in which a thread of the agent was running Python code."""
+    counts: dict[str, int] = {}
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            owner = profile_owner(stack)
+            counts[owner] = counts.get(owner, 0) + int(count)
+    total = sum(counts.values())
+    return {owner: n / total for owner, n in sorted(counts.items(), key=lambda kv: -kv[1])} if total else {}
+
+
+def py_spy(pid: int, seconds: float, out: Path) -> dict[str, Any]:
+    """py-spy the agent for `seconds` (100 Hz, without stopping it) and share its samples out by part."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return {"error": "py-spy is not on PATH"}
+    argv = [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "100", "--nonblocking"]
+    done = subprocess.run(
+        [*argv, "--duration", str(max(1, round(seconds))), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0 or not out.exists():
+        return {"error": f"py-spy failed: {done.stderr.strip()[-500:]}"}
+    raw = out.read_text()
+    samples = sum(int(line.rpartition(" ")[2]) for line in raw.splitlines() if line.strip())
+    return {"seconds": seconds, "samples": samples, "shares": profile_shares(raw)}
+
+
 async def restart(node: SimNode, part: Part) -> None:
     await node.stop_agent()
     node.extra_settings = {**ALL_ON, **part.settings}
@@ -356,7 +410,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             result["rss_peak_applying_mib"] = peak_rss_mib(node.process.pid)
             # Every run starts the same way: the agent (re)started over the applied workloads, as after an
             # upgrade or a node reboot.
-            for part in [ALL, *[p for p in parts if p.workloads]]:
+            # Everything on is measured first and, when parts were, again after them: a drift of the
+            # machine's load over the run then shows, and the baseline is the median of both.
+            again = [ALL] if parts else []
+            for part in [ALL, *[p for p in parts if p.workloads], *again]:
                 await restart(node, part)
                 progress(quiet, f"measuring: {part.label if part is ALL else part.label + ' off'}")
                 runs.append(
@@ -370,10 +427,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         scrape_every=args.scrape_interval,
                     )
                 )
-                if part is ALL:
+                if part is ALL and "checks" not in result:
                     result["checks"] = await asyncio.to_thread(
                         everything_on, node, runs[0]["last_scrape"], args.workloads
                     )
+                    if args.profile:  # after the windows, so that sampling does not weigh on them
+                        progress(quiet, f"py-spy of everything on, {args.profile:g} s")
+                        assert node.process is not None
+                        result["profile"] = await asyncio.to_thread(
+                            py_spy, node.process.pid, args.profile, workdir / "py-spy.txt"
+                        )
             for part in (p for p in parts if not p.workloads):
                 await remove_all(node, requests)
                 await restart(node, part)
@@ -404,7 +467,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for r in runs:
         r.pop("last_scrape")
     result["runs"] = runs
-    total = runs[0]
+    on = [rep for r in runs if r["part"] == ALL.key for rep in r["repetitions"]]
+    total = result["total"] = {
+        "cpu_share": statistics.median(rep["cpu_share"] for rep in on),
+        "rss_mib": statistics.median(rep["rss_mib"] for rep in on),
+        "rss_peak_mib": max(r["rss_peak_mib"] for r in runs if r["part"] == ALL.key),
+        "windows": len(on),
+    }
     result["contributions"] = [
         {
             "part": r["part"],
@@ -412,7 +481,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "cpu_share": total["cpu_share"] - r["cpu_share"],
             "rss_mib": total["rss_mib"] - r["rss_mib"],
         }
-        for r in runs[1:]
+        for r in runs
+        if r["part"] != ALL.key
     ]
     result["targets"] = [
         {
@@ -438,17 +508,31 @@ def report(result: Mapping[str, Any]) -> None:
         f"{result['workloads']} workloads; {result['repeats']} windows of {result['window_s']:g} s after "
         f"the warm-up, medians; /metrics scraped every {result['scrape_interval_s']:g} s"
     )
-    total = result["runs"][0]
-    print(f"{'part':<28} {'CPU % of a core':>16} {'RSS MiB':>9}")
-    print(f"{'everything on (total)':<28} {total['cpu_share'] * 100:>16.2f} {total['rss_mib']:>9.1f}")
+    total = result["total"]
+    shares = (result.get("profile") or {}).get("shares", {})
+    spied = "CPU % by py-spy" if shares else ""
+
+    def spy(key: str) -> str:
+        return f"{shares.get(key, 0.0) * total['cpu_share'] * 100:.2f}" if shares else ""
+
+    print(f"{'part':<38} {'CPU % of a core':>16} {spied:>16} {'RSS MiB':>9}")
+    name = f"everything on (total, {total['windows']} windows)"
+    print(f"{name:<38} {total['cpu_share'] * 100:>16.2f} {spied and '100 %':>16} {total['rss_mib']:>9.1f}")
     for c in result["contributions"]:
-        print(f"{'  ' + c['label']:<28} {c['cpu_share'] * 100:>16.2f} {c['rss_mib']:>9.1f}")
+        label = "  " + c["label"]
+        print(f"{label:<38} {c['cpu_share'] * 100:>16.2f} {spy(c['part']):>16} {c['rss_mib']:>9.1f}")
     if result["contributions"]:
         cpu_rest = total["cpu_share"] - sum(c["cpu_share"] for c in result["contributions"])
         rss_rest = total["rss_mib"] - sum(c["rss_mib"] for c in result["contributions"])
-        rest = "  the rest (interpreter, gRPC, engine)"
-        print(f"{rest:<28} {cpu_rest * 100:>16.2f} {rss_rest:>9.1f}")
-        print("(a part's figure: everything on minus the same run with that part off)")
+        rest = "  the rest (interpreter, gRPC, ...)"
+        print(f"{rest:<38} {cpu_rest * 100:>16.2f} {spy('grpc'):>16} {rss_rest:>9.1f}")
+        if shares:
+            other = "  (py-spy: event loop and other code)"
+            print(f"{other:<38} {'':>16} {spy('other'):>16}")
+        print(
+            "(a part's CPU and RSS: everything on minus the run with that part off; by py-spy: its share of"
+        )
+        print(" the agent's Python samples with everything on, times the total; the rest's py-spy is gRPC's)")
     head = f"{'CPU % per window':>24} {'RSS MiB':>9} {'peak MiB':>9} {'scrapes':>8} {'scrape ms':>10}"
     print(f"{'run':<34} {head} {'machine busy %':>15}")
     for r in result["runs"]:
@@ -470,9 +554,16 @@ def report(result: Mapping[str, Any]) -> None:
         f"the counter simulator {sim_share:.0%} of a core, the rest the control plane, the simulated "
         "kubelet and resctrl, and other work on the machine"
     )
-    sizes = [rep["scrape_bytes"] for rep in total["repetitions"] if rep["scrape_bytes"]]
+    sizes = [rep["scrape_bytes"] for r in result["runs"] for rep in r["repetitions"] if rep["scrape_bytes"]]
     if sizes:
         print(f"/metrics with everything on: {max(sizes) / 1e6:.2f} MB per scrape")
+    profile = result.get("profile")
+    if profile and "shares" in profile:
+        labels = {p.key: p.label for p in PARTS} | {"grpc": "gRPC server", "other": "other (event loop, ...)"}
+        shares = ", ".join(f"{labels.get(k, k)} {v:.0%}" for k, v in profile["shares"].items())
+        print(f"py-spy, everything on, {profile['samples']} samples in {profile['seconds']:g} s: {shares}")
+    elif profile:
+        print(f"py-spy: {profile['error']}")
     for what, ok in result["checks"].items():
         print(f"check {what}: {'yes' if ok else 'NO'}")
     print(f"resctrl rule violations: {len(result['resctrl_rule_violations'])}")
@@ -493,6 +584,13 @@ def main() -> int:
         default="all",
         help="parts measured off one at a time: all, none, or a comma list of "
         + ",".join(p.key for p in PARTS),
+    )
+    parser.add_argument(
+        "--profile",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="after the windows with everything on, py-spy the agent this long (needs py-spy on PATH)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
