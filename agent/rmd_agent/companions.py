@@ -40,11 +40,10 @@ log = logging.getLogger(__name__)
 
 class NotifyingEngine:
     """An engine that calls `on_change()` after every apply or remove that changed the node, and gives
-    everyone who asks for the node's summary, or its caches, after the same change one reading of it: the
-    device plugin and the NodeResourceTopology export both ask for the caches right after every change (and
-    the device plugin every 5 s), the RmdNodeState for the summary, and reading the node (its whole resctrl
-    tree) is the dearest part of their work. A reading is reused for at most `summary_max_age` seconds, so
-    what changes without the agent (another tool's groups) still shows soon."""
+    everyone who asks for the node's summary after the same change one reading of it: the device plugin and
+    the NodeResourceTopology export both ask right after every change, and reading the node (its whole
+    resctrl tree) is the dearest part of their work. A summary is reused for at most `summary_max_age`
+    seconds, so what changes without the agent (another tool's groups) still shows soon."""
 
     def __init__(
         self, engine: ManagedEngine, on_change: Callable[[], None], *, summary_max_age: float = 1.0
@@ -53,7 +52,7 @@ class NotifyingEngine:
         self.on_change = on_change
         self.summary_max_age = summary_max_age
         self._changes = 0
-        self._readings: dict[str, tuple[int, float, asyncio.Future[Any]]] = {}  # by kind: node, caches
+        self._summary: tuple[int, float, asyncio.Future[NodeSummary]] | None = None
 
     def _changed(self) -> None:
         self._changes += 1
@@ -80,30 +79,25 @@ class NotifyingEngine:
     async def list(self) -> list[AppliedWorkload]:
         return await self.inner.list()
 
-    async def _shared(self, kind: str, read: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-        """The reading of `kind` since the last change (and at most summary_max_age old), or a new one."""
+    async def node(self) -> NodeSummary:
         now = time.monotonic()
-        cached = self._readings.get(kind)
+        cached = self._summary
         if cached is None or cached[0] != self._changes or now - cached[1] > self.summary_max_age:
-            cached = self._readings[kind] = (self._changes, now, asyncio.ensure_future(read()))
+            cached = self._summary = (self._changes, now, asyncio.ensure_future(self.inner.node()))
         try:
             return await asyncio.shield(cached[2])  # one caller's cancellation is not the others'
         except Exception:
-            if self._readings.get(kind) is cached:
-                del self._readings[kind]  # a failed reading is not kept
+            if self._summary is cached:
+                self._summary = None  # a failed reading is not kept
             raise
 
-    async def node(self) -> NodeSummary:
-        summary: NodeSummary = await self._shared("node", self.inner.node)
-        return summary
-
     async def cache_domains(self) -> tuple[CacheDomainSummary, ...]:
-        """The node's caches without its capabilities (engine.NodeEngine.cache_domains), whose probe is most
-        of a summary's cost; from the summary for engines that cannot give them alone."""
+        """The node's caches without its capabilities (engine.NodeEngine.cache_domains); from the summary
+        for engines that cannot give them alone."""
         domains = getattr(self.inner, "cache_domains", None)
         if domains is None:
             return (await self.node()).caches
-        caches: tuple[CacheDomainSummary, ...] = await self._shared("caches", domains)
+        caches: tuple[CacheDomainSummary, ...] = await domains()
         return caches
 
     async def container_cpus(self, namespace: str, pod: str, uid: str, container: str) -> ContainerCpus:

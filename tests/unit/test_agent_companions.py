@@ -1,5 +1,4 @@
-"""NotifyingEngine (companions.py): change notifications, and one node summary (and one reading of the caches)
-per change for its callers."""
+"""NotifyingEngine (companions.py): change notifications, and one node summary per change for its callers."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from rmd_agent.companions import NotifyingEngine
 class FakeEngine:
     def __init__(self) -> None:
         self.readings = 0
-        self.domain_readings = 0
         self.fail = False
         self.gate: asyncio.Event | None = None
 
@@ -31,10 +29,6 @@ class FakeEngine:
         if self.fail:
             raise OSError("resctrl unreadable")
         return f"summary {self.readings}"
-
-    async def cache_domains(self) -> str:
-        self.domain_readings += 1
-        return f"caches {self.domain_readings}"
 
 
 def make(max_age: float = 60.0) -> tuple[NotifyingEngine, FakeEngine, list[int]]:
@@ -82,16 +76,3 @@ async def test_a_summary_expires_and_a_failed_reading_is_not_kept() -> None:
         await engine.node()
     inner.fail = False
     assert await engine.node() == "summary 4"
-
-
-@pytest.mark.asyncio
-async def test_one_reading_of_the_caches_per_change_for_the_device_plugin_and_the_nrt_export() -> None:
-    # Both ask for the caches after every change (and the device plugin every 5 s); each asking for its own
-    # reading would read the whole resctrl tree twice.
-    engine, inner, _ = make()
-    assert await asyncio.gather(engine.cache_domains(), engine.cache_domains()) == ["caches 1", "caches 1"]
-    assert await engine.cache_domains() == "caches 1"
-    await engine.apply("new")  # type: ignore[arg-type]
-    assert await engine.cache_domains() == "caches 2"
-    assert await engine.cache_domains() == "caches 2"
-    assert inner.domain_readings == 2 and inner.readings == 0  # never the summary's capability probe

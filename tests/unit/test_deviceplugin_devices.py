@@ -1,9 +1,7 @@
 """The device plugin's pure parts: device ids, the device list, preferred allocations, Allocate's
-environment, and the pool sizes derived from the engine's caches."""
+environment, and the pool sizes derived from the engine's summary."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -21,9 +19,8 @@ from rmd_agent.deviceplugin.devices import (
     plan_devices,
     preferred_ways,
 )
-from rmd_agent.deviceplugin.pools import engine_pools, guaranteed_pools
-from rmd_agent.engine_api import AppliedWorkload, CacheDomainSummary, NodeSummary
-from rmd_agent.hostfs import HostFS
+from rmd_agent.deviceplugin.pools import guaranteed_pools
+from rmd_agent.engine_api import AppliedWorkload, CacheDomainSummary
 from rmd_agent.plan.workload import Workload
 
 
@@ -122,30 +119,3 @@ def test_pool_size_is_free_plus_what_guaranteed_workloads_hold() -> None:
         WayPool(0, frozenset({0}), 2 + 3 + 1),
         WayPool(1, frozenset({1}), 5 + 1),
     ]
-
-
-class CachesOnlyEngine:
-    """An engine that gives its caches alone, as NodeEngine does; its node summary would probe the node's
-    capabilities (most of a summary's cost), which the pools do not need."""
-
-    def __init__(self) -> None:
-        self.summaries = 0
-
-    async def cache_domains(self) -> tuple[CacheDomainSummary, ...]:
-        return (_summary(0, {0, 1}, {"guaranteed": 4}),)
-
-    async def list(self) -> list[AppliedWorkload]:
-        return [AppliedWorkload(Workload("ns", "g"), "1", "COS1", "guaranteed", cache={0: 0b11})]
-
-    async def node(self) -> NodeSummary:
-        self.summaries += 1
-        return NodeSummary("n", {}, 2, 1, await self.cache_domains(), 16, 2, 1)
-
-
-async def test_engine_pools_read_the_caches_without_the_node_summary(tmp_path: Path) -> None:
-    # The plugin reads its pools every 5 s; the summary's capability probe costs more than the caches.
-    engine = CachesOnlyEngine()
-    provide = engine_pools(engine, HostFS(tmp_path))  # type: ignore[arg-type]
-
-    assert list(await provide()) == [WayPool(0, frozenset(), 4 + 2)]
-    assert engine.summaries == 0

@@ -49,10 +49,7 @@ def engine_pools(engine: Engine, fs: HostFS) -> PoolProvider:
         nonlocal numa_cpus
         if numa_cpus is None:
             numa_cpus = await asyncio.to_thread(read_numa_cpus, fs)
-        # Read every refresh (5 s): the real engines give their caches alone, without the node summary's
-        # capability probe (most of its cost; bench/agent_total.py).
-        domains = getattr(engine, "cache_domains", None)
-        caches = await domains() if domains is not None else (await engine.node()).caches
-        return guaranteed_pools(caches, await engine.list(), numa_cpus)
+        summary = await engine.node()
+        return guaranteed_pools(summary.caches, await engine.list(), numa_cpus)
 
     return provide
