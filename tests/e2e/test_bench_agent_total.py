@@ -63,7 +63,9 @@ def test_agent_total_tiny_run_measures_every_part_it_was_asked_for() -> None:
     assert contribution["cpu_share"] == pytest.approx(
         (all_on["cpu_share"] + again["cpu_share"]) / 2 - scrapes_off["cpu_share"]
     )
-    if profiled:
-        assert sum(result["profile"]["shares"].values()) == pytest.approx(1.0), result["profile"]
+    if profiled:  # py-spy ran; a second of a small idle agent may hold no sample at all
+        profile = result["profile"]
+        assert "error" not in profile, profile
+        assert not profile["shares"] or sum(profile["shares"].values()) == pytest.approx(1.0)
     # The exit status is the targets' verdict.
     assert done.returncode == (0 if all(t["met"] for t in result["targets"]) else 1)
