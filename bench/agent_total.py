@@ -413,7 +413,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # Everything on is measured first and, when parts were, again after them: a drift of the
             # machine's load over the run then shows, and the baseline is the median of both.
             again = [ALL] if parts else []
-            for part in [ALL, *[p for p in parts if p.workloads], *again]:
+
+            async def restart_and_measure(part: Part) -> None:
                 await restart(node, part)
                 progress(quiet, f"measuring: {part.label if part is ALL else part.label + ' off'}")
                 runs.append(
@@ -427,6 +428,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         scrape_every=args.scrape_interval,
                     )
                 )
+
+            for part in [ALL, *[p for p in parts if p.workloads], *again]:
+                await restart_and_measure(part)
                 if part is ALL and "checks" not in result:
                     result["checks"] = await asyncio.to_thread(
                         everything_on, node, runs[0]["last_scrape"], args.workloads
@@ -439,19 +443,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         )
             for part in (p for p in parts if not p.workloads):
                 await remove_all(node, requests)
-                await restart(node, part)
-                progress(quiet, f"measuring: {part.label} off")
-                runs.append(
-                    await measure(
-                        node,
-                        part,
-                        simulator.pid,
-                        warmup=args.warmup,
-                        window=args.window,
-                        repeats=args.repeats,
-                        scrape_every=args.scrape_interval,
-                    )
-                )
+                await restart_and_measure(part)
             result["resctrl_rule_violations"] = node.check_resctrl()
         result["simulator_steps_per_second"] = await asyncio.to_thread(stop_simulator, simulator)
         simulator = None
