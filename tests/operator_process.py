@@ -35,48 +35,23 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class Operator:
-    """`rmd-operator run --standalone` for one namespace; no agents (plaintext: nothing is dialled)."""
+def operator_command() -> list[str]:
+    """How to start `rmd-operator`: its console script beside this interpreter, else the module."""
+    script = Path(sys.executable).with_name("rmd-operator")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "rmd_operator.cli"]
 
-    def __init__(
-        self,
-        cp: ControlPlane,
-        namespace: str,
-        log_path: Path,
-        extra: Sequence[str] = (),
-        kubeconfig: Path | None = None,  # another identity than the control plane's admin
-    ) -> None:
-        self.port = _free_port()
-        script = Path(sys.executable).with_name("rmd-operator")
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "rmd_operator.cli"]
-        argv = [
-            *command,
-            "run",
-            "--standalone",
-            "--insecure-agents",
-            "--namespaces",
-            namespace,
-            "--node-state-namespace",
-            namespace,
-            "--liveness-listen",
-            f"127.0.0.1:{self.port}",
-            "--retry-initial-seconds",
-            "0.5",
-            "--retry-max-seconds",
-            "2",
-            "--watch-timeout-seconds",
-            "10",
-            "--log-level",
-            "debug",
-            *extra,
-        ]
+
+class OperatorProcess:
+    """An `rmd-operator` command line as a process in its own session, its output in `log_path`, alive when
+    its liveness endpoint (on `liveness_port`) answers 200."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], log_path: Path, liveness_port: int) -> None:
+        self.argv = list(argv)
         self.log_path = log_path
+        self.port = liveness_port
         self._log: IO[bytes] = log_path.open("ab")
-        env = cp.env()
-        if kubeconfig is not None:
-            env["KUBECONFIG"] = str(kubeconfig)
         self.popen = subprocess.Popen(
-            argv,
+            self.argv,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -84,6 +59,31 @@ class Operator:
             start_new_session=True,
             preexec_fn=_die_with_parent,  # noqa: PLW1509  # only a prctl runs in the child
         )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def liveness(self) -> tuple[int, bytes]:
+        """The liveness endpoint's status and body."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+        try:
+            conn.request("GET", "/healthz")
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def wait_alive(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.popen.poll() is not None:
+                raise AssertionError(f"operator exited with {self.popen.returncode}:\n{self.log()[-5000:]}")
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                if self.liveness()[0] == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"operator not alive after {timeout} s:\n{self.log()[-5000:]}")
+            time.sleep(0.2)
 
     def wait_for(
         self,
@@ -105,27 +105,8 @@ class Operator:
                 )
             time.sleep(interval)
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_alive(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.popen.poll() is not None:
-                raise AssertionError(f"operator exited with {self.popen.returncode}:\n{self.log()[-5000:]}")
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                try:
-                    conn.request("GET", "/healthz")
-                    if conn.getresponse().status == 200:
-                        return
-                finally:
-                    conn.close()
-            if time.monotonic() > deadline:
-                raise AssertionError(f"operator not alive after {timeout} s:\n{self.log()[-5000:]}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """SIGTERM to its session, SIGKILL after 20 s; then anything left in its group; its exit status."""
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGTERM)
@@ -135,4 +116,46 @@ class Operator:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.popen.pid, signal.SIGKILL)
                 self.popen.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
         self._log.close()
+        return self.popen.returncode
+
+
+class Operator(OperatorProcess):
+    """`rmd-operator run --standalone` for one namespace; no agents (plaintext: nothing is dialled)."""
+
+    def __init__(
+        self,
+        cp: ControlPlane,
+        namespace: str,
+        log_path: Path,
+        extra: Sequence[str] = (),
+        kubeconfig: Path | None = None,  # another identity than the control plane's admin
+    ) -> None:
+        port = _free_port()
+        argv = [
+            *operator_command(),
+            "run",
+            "--standalone",
+            "--insecure-agents",
+            "--namespaces",
+            namespace,
+            "--node-state-namespace",
+            namespace,
+            "--liveness-listen",
+            f"127.0.0.1:{port}",
+            "--retry-initial-seconds",
+            "0.5",
+            "--retry-max-seconds",
+            "2",
+            "--watch-timeout-seconds",
+            "10",
+            "--log-level",
+            "debug",
+            *extra,
+        ]
+        env = cp.env()
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
+        super().__init__(argv, env, log_path, port)

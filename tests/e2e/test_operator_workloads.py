@@ -13,21 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import http.client
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -36,6 +30,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kube_clients import KubeClients
+from operator_process import OperatorProcess, operator_command
 from rmd_agent.server.tls import client_dns_names, is_allowed
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 from rmd_api.cpuset import parse_cpu_list
@@ -236,77 +231,6 @@ class _Service(agent_pb2_grpc.AgentServicer):
         await self._admit("ListWorkloads", context)
         with self.agent._lock:
             return agent_pb2.ListWorkloadsResponse(workloads=list(self.agent._workloads.values()))
-
-
-# --- the operator process --------------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # Runs between fork and exec: the operator dies with the test process, even on SIGKILL.
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class OperatorProcess:
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, liveness_port: int) -> None:
-        self.argv = argv
-        self.log_path = log_path
-        self.liveness_port = liveness_port
-        self._log: IO[bytes] = log_path.open("ab")
-        self.popen = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509  # only a prctl runs in the child
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def liveness(self) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.liveness_port, timeout=2)
-        try:
-            conn.request("GET", "/healthz")
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
-
-    def wait_alive(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.popen.poll() is not None:
-                raise AssertionError(f"operator exited with {self.popen.returncode}:\n{self.log()[-5000:]}")
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                if self.liveness()[0] == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"operator not alive after {timeout} s:\n{self.log()[-5000:]}")
-            time.sleep(0.2)
-
-    def stop(self) -> int:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)  # anything it left in its group
-        self._log.close()
-        return self.popen.returncode
-
-
-def operator_command() -> list[str]:
-    script = Path(sys.executable).with_name("rmd-operator")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "rmd_operator.cli"]
 
 
 # --- fixtures --------------------------------------------------------------------------------------------
