@@ -327,9 +327,11 @@ def test_an_unreadable_pod_is_counted_not_terminated(tmp_path: Path) -> None:
     node.run(10.0)
     stat = tmp_path / "sys/fs/cgroup" / pod.rel_dir / "cpu.stat"
     saved = stat.read_text()
+    node.sampler.cgroups.files.close()  # a kept file would still read: make the sampler open it again
     stat.unlink()
     stat.mkdir()  # reading it fails the way EACCES would
-    snap = node.sampler.sample()
+    node.sampler.sample()
+    snap = node.sampler.snapshot()
     assert snap.stats.errors["cgroup"] == 1
     assert any(p.uid == uid and not p.terminated for p in snap.pods)
     stat.rmdir()
@@ -402,9 +404,30 @@ def test_an_unlistable_pod_root_terminates_nobody(tmp_path: Path) -> None:
     before = pod_of(node.run(10.0), uid)["package"]
     pods_root = tmp_path / "sys/fs/cgroup/kubepods.slice"
     pods_root.rename(tmp_path / "moved")
-    snap = node.sampler.sample()
+    node.sampler.sample()
+    snap = node.sampler.snapshot()
     assert snap.stats.errors["cgroup"] == 1
     assert any(p.uid == uid and not p.terminated for p in snap.pods)
     (tmp_path / "moved").rename(pods_root)
     after = pod_of(node.run(10.0), uid)["package"]
     assert after > before  # same series, still counting
+
+
+def test_a_counter_read_lower_once_credits_nothing_for_it(tmp_path: Path) -> None:
+    """A cgroup's CPU time never goes down; a lower figure (a read torn by a concurrent update, or skew)
+    is no CPU time spent. Taking it as a counter reset credited the pod its whole life again at the next
+    read: 12 % too much energy here (the clamp to the node's busy time kept it from being more)."""
+    node = Node(tmp_path)
+    uid = str(uuid.uuid4())
+    pod = node.load.add_pod("a", "p", uid, {"c": 2.0})
+    node.load.advance(100.0)  # a long life before the agent started
+    before = node.load.expected_pod_joules(uid, "package")
+    node.sampler.sample()
+    node.run(10.0)
+    stat = tmp_path / "sys/fs/cgroup" / pod.rel_dir / "cpu.stat"
+    stat.write_text("usage_usec 1\n")  # one torn read: far below the last figure
+    node.sampler.sample()
+    snap = node.run(10.0)  # the real figures again
+    assert pod_of(snap, uid)["package"] == pytest.approx(
+        node.load.expected_pod_joules(uid, "package") - before, rel=1e-4
+    )

@@ -5,8 +5,11 @@ Reading cgroups costs one small file per pod and per container, where Kepler's p
 kubelet's pod root a fixed two levels deep (QoS directory, pod) and named by `cgroup_paths`, so both cgroup
 drivers and every QoS class are covered without knowing the kubelet's configuration.
 
-At 500 pods a sample reads some 1,500 files, so the reader remembers each pod's container directories
-instead of listing every pod directory (dozens of entries each on a real node) every time. A pod is listed
+At 500 pods a sample reads some 2,000 files, so the reader remembers each pod's container directories
+instead of listing every pod directory (dozens of entries each on a real node) every time, and keeps the
+files open (`KeptFiles`): the kernel writes a cgroup file's text afresh on every read from offset 0, so one
+pread(2) per file replaces an open, a read and a close with a walk of eight directories (on a real cgroup
+tree of 2,000 files: bench/README.md). A pod is listed
 again when a remembered container's file is gone (it exited or restarted), when the pod's own CPU time has
 grown more than its known containers' by `UNEXPLAINED_NS` since the listing (a new container is running),
 and in any case every `RELIST_EVERY` reads (a new container that has not run yet).
@@ -14,7 +17,9 @@ and in any case every `RELIST_EVERY` reads (a new container that has not run yet
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 from dataclasses import dataclass, field
 
 from rmd_agent.errors import HostReadError, Unsupported
@@ -109,8 +114,66 @@ def read_small(path: str) -> bytes:
         os.close(fd)
 
 
-def _read_usage_ns(path: str, version: int) -> int:
-    data = read_small(path)
+class KeptFiles:
+    """Small kernel files kept open between samples and read with pread(2) at offset 0.
+
+    Only for files the kernel (or whatever stands in for it) updates in place: a file replaced by rename
+    would be read stale through the old descriptor. A removed cgroup's open file fails with ENODEV; that,
+    like a failed open, is raised as FileNotFoundError. Files not read since the last `end()` are closed
+    by it, so a pod's files close the sample after it is gone. At most `budget` files are kept (half the
+    soft open-files limit by default); past that a file is opened for each read.
+    """
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = default_budget() if budget is None else budget
+        self._used: dict[str, int] = {}  # read since the last end()
+        self._kept: dict[str, int] = {}  # kept from before, not read yet since the last end()
+
+    def read(self, path: str) -> bytes:
+        fd = self._kept.pop(path, -1)
+        if fd < 0:
+            fd = self._used.get(path, -1)
+        if fd < 0:
+            if len(self._used) + len(self._kept) >= self.budget:
+                return read_small(path)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._used[path] = fd
+        try:
+            return os.pread(fd, 4096, 0)
+        except OSError as exc:
+            del self._used[path]
+            os.close(fd)
+            if exc.errno in (errno.ENODEV, errno.ENOENT, errno.ESTALE):
+                raise FileNotFoundError(exc.errno, exc.strerror, path) from None
+            raise
+
+    def end(self) -> None:
+        """Close the files not read since the last call."""
+        for fd in self._kept.values():
+            os.close(fd)
+        self._kept, self._used = self._used, {}
+
+    def close(self) -> None:
+        for fd in (*self._kept.values(), *self._used.values()):
+            os.close(fd)
+        self._kept, self._used = {}, {}
+
+    def __len__(self) -> int:
+        return len(self._kept) + len(self._used)
+
+
+MAX_KEPT_FILES = 65_536
+
+
+def default_budget() -> int:
+    """Half the soft open-files limit (less a margin), so the rest of the agent keeps the other half."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_KEPT_FILES
+    return min(MAX_KEPT_FILES, max(0, int(soft) // 2 - 64))
+
+
+def _parse_usage_ns(data: bytes, version: int) -> int:
     if version == 1:
         return int(data)  # cpuacct.usage is in nanoseconds
     # cpu.stat starts with "usage_usec <n>"
@@ -155,9 +218,14 @@ class CgroupCpuReader:
         self._known: dict[str, _KnownPod] = {}  # pod directory -> as last listed
         self._pod_names: dict[str, tuple[str, QoS] | None] = {}  # directory name -> parse_pod_dir
         self.listings = 0  # pod directories listed, for tests and the benchmark
+        self.files = KeptFiles()
+
+    def _usage_ns(self, path: str, version: int) -> int:
+        return _parse_usage_ns(self.files.read(path), version)
 
     def discover(self) -> Unsupported | None:
         self._known = {}
+        self.files.close()
         found = find_pod_root(self.fs)
         if isinstance(found, Unsupported):
             self.root, self.status = None, found
@@ -209,7 +277,7 @@ class CgroupCpuReader:
         out: dict[str, tuple[str, int]] = {}
         try:
             for cid, runtime, path in known.containers:
-                out[cid] = (runtime, _read_usage_ns(path, version))
+                out[cid] = (runtime, self._usage_ns(path, version))
         except FileNotFoundError:
             return None
         return out
@@ -230,6 +298,7 @@ class CgroupCpuReader:
             where = f"/{self.root.hierarchy}/{self.root.root}"
             self.root = None  # rediscover next time: the kubelet may have been reconfigured
             self._known = {}
+            self.files.close()
             return PodCpuReading({}, complete=False, errors=(f"{where}: {exc.strerror}",))
         known_before, self._known = self._known, {}
         for rel, uid, qos in pod_dirs or ():
@@ -240,7 +309,7 @@ class CgroupCpuReader:
                 if fresh:
                     known = self._list(pod_path, uid, qos, usage_file)
                 assert known is not None
-                usage = _read_usage_ns(known.usage_path, version)
+                usage = self._usage_ns(known.usage_path, version)
                 containers = self._read_containers(known, version)
                 if not fresh and (
                     containers is None
@@ -264,6 +333,7 @@ class CgroupCpuReader:
                 continue
             self._known[rel] = known
             pods[uid] = PodCpu(uid, qos, usage, containers)
+        self.files.end()
         return PodCpuReading(pods, True, frozenset(unreadable), tuple(errors))
 
 
