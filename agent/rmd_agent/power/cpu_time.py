@@ -11,8 +11,10 @@ files open (`KeptFiles`): the kernel writes a cgroup file's text afresh on every
 pread(2) per file replaces an open, a read and a close with a walk of eight directories (on a real cgroup
 tree of 2,000 files: bench/README.md). A pod is listed
 again when a remembered container's file is gone (it exited or restarted), when the pod's own CPU time has
-grown more than its known containers' by `UNEXPLAINED_NS` since the listing (a new container is running),
-and in any case every `RELIST_EVERY` reads (a new container that has not run yet).
+grown more than its known containers' by `UNEXPLAINED_NS` since the last read (a new container is running),
+and in any case every `RELIST_EVERY` reads (a new container that has not run yet, or runs little).
+Containers the caller names in `skip` are listed but not read (the power sampler skips those it cannot
+name, such as the sandbox: their CPU time is the pod's remainder either way).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class PodCpu:
     qos: QoS
     usage_ns: int  # the pod cgroup: its containers, the sandbox and anything else in it
     containers: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (runtime, usage ns)
+    unread: tuple[str, ...] = ()  # ids of containers present but not read (CgroupCpuReader.skip)
 
 
 @dataclass(frozen=True)
@@ -196,8 +199,8 @@ def _subdirs(path: str) -> list[str]:
 
 @dataclass
 class _KnownPod:
-    """A pod directory as last listed: its containers' ids, runtimes and usage files, and the pod's and
-    the containers' summed CPU time at that listing."""
+    """A pod directory as last listed: its containers' ids, runtimes and usage files, the pod's and the
+    read containers' summed CPU time at the last read, and the reads since the listing."""
 
     uid: str
     qos: QoS
@@ -219,6 +222,7 @@ class CgroupCpuReader:
         self._pod_names: dict[str, tuple[str, QoS] | None] = {}  # directory name -> parse_pod_dir
         self.listings = 0  # pod directories listed, for tests and the benchmark
         self.files = KeptFiles()
+        self.skip: frozenset[str] = frozenset()  # container ids listed but not read
 
     def _usage_ns(self, path: str, version: int) -> int:
         return _parse_usage_ns(self.files.read(path), version)
@@ -272,15 +276,23 @@ class CgroupCpuReader:
                 containers.append((parsed[1], parsed[0], f"{pod_path}/{child}/{usage_file}"))
         return _KnownPod(uid, qos, f"{pod_path}/{usage_file}", containers)
 
-    def _read_containers(self, known: _KnownPod, version: int) -> dict[str, tuple[str, int]] | None:
-        """The known containers' CPU time, or None when one of them is gone (list the pod again)."""
+    def _read_containers(
+        self, known: _KnownPod, version: int
+    ) -> tuple[dict[str, tuple[str, int]], tuple[str, ...]] | None:
+        """The known containers' CPU time and the ids skipped, or None when one of them is gone (list the
+        pod again)."""
         out: dict[str, tuple[str, int]] = {}
+        unread: list[str] = []
+        skip = self.skip
         try:
             for cid, runtime, path in known.containers:
-                out[cid] = (runtime, self._usage_ns(path, version))
+                if cid in skip:
+                    unread.append(cid)
+                else:
+                    out[cid] = (runtime, self._usage_ns(path, version))
         except FileNotFoundError:
             return None
-        return out
+        return out, tuple(unread)
 
     def read(self) -> PodCpuReading:
         if self.root is None and self.discover() is not None:
@@ -307,23 +319,27 @@ class CgroupCpuReader:
             try:
                 fresh = known is None or known.reads + 1 >= RELIST_EVERY
                 if fresh:
+                    # a pod seen for the first time starts at a staggered point of the relist cycle, so
+                    # pods that appeared together (the agent's start) are not all listed in one sample
+                    reads = len(self._known) % RELIST_EVERY if known is None else 0
                     known = self._list(pod_path, uid, qos, usage_file)
+                    known.reads = reads
                 assert known is not None
                 usage = self._usage_ns(known.usage_path, version)
-                containers = self._read_containers(known, version)
+                read = self._read_containers(known, version)
                 if not fresh and (
-                    containers is None
-                    or (usage - known.pod_ns) - (_total(containers) - known.containers_ns) > UNEXPLAINED_NS
+                    read is None
+                    or (usage - known.pod_ns) - (_total(read[0]) - known.containers_ns) > UNEXPLAINED_NS
                 ):
                     known = self._list(pod_path, uid, qos, usage_file)
                     fresh = True
-                    containers = self._read_containers(known, version)
-                if containers is None:  # a container exited between listing and reading
+                    read = self._read_containers(known, version)
+                if read is None:  # a container exited between listing and reading
                     known = self._list(pod_path, uid, qos, usage_file)
-                    containers = self._read_containers(known, version) or {}
-                if fresh:
-                    known.pod_ns, known.containers_ns, known.reads = usage, _total(containers), 0
-                else:
+                    read = self._read_containers(known, version) or ({}, ())
+                containers, unread = read
+                known.pod_ns, known.containers_ns = usage, _total(containers)
+                if not fresh:
                     known.reads += 1
             except FileNotFoundError:
                 continue  # the pod went away between listing and reading
@@ -332,7 +348,7 @@ class CgroupCpuReader:
                 errors.append(f"{rel}: {getattr(exc, 'strerror', None) or exc}")
                 continue
             self._known[rel] = known
-            pods[uid] = PodCpu(uid, qos, usage, containers)
+            pods[uid] = PodCpu(uid, qos, usage, containers, unread)
         self.files.end()
         return PodCpuReading(pods, True, frozenset(unreadable), tuple(errors))
 

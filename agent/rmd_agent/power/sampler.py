@@ -151,6 +151,10 @@ class PowerSampler:
         self._first_seen: dict[str, float] = {}
         self._meta: dict[str, PodMeta] = {}  # sticky once known: uid -> namespace/name
         self._names: dict[tuple[str, str], str] = {}  # sticky: (uid, container id) -> name
+        # containers without a name (the sandbox, or one whose name is not known yet) are not read: their
+        # CPU time is the pod's remainder either way; once named, the first read is only a baseline
+        self._unnamed: set[tuple[str, str]] = set()
+        self._named_since: set[tuple[str, str]] = set()
         self._complete = False
         self._terminated: dict[str, _Terminated] = {}
         self._rapl_errors_logged = False
@@ -227,12 +231,15 @@ class PowerSampler:
         self.ledger.track(reading.pods, containers_now, {z.key.kind for z in self.rapl.zones})
         if self._last_time is not None:
             self.ledger.record(seconds, zone_energy, cpu)
+        self._skip_unnamed(reading)
         if reading.complete:
-            for uid in [u for u in self.ledger.pods if u not in reading.pods and u not in reading.unreadable]:
+            gone = [u for u in self.ledger.pods if u not in reading.pods and u not in reading.unreadable]
+            for uid in gone:
                 self._terminate(uid)
-        live = set(self.ledger.pods)
-        self._meta = {u: m for u, m in self._meta.items() if u in live}
-        self._names = {k: v for k, v in self._names.items() if k[0] in live}
+            if gone or len(self._meta) > len(self.ledger.pods):
+                live = set(self.ledger.pods)
+                self._meta = {u: m for u, m in self._meta.items() if u in live}
+                self._names = {k: v for k, v in self._names.items() if k[0] in live}
         self._last_time = now
         self._proc = proc if proc is not None else self._proc
         self._complete = reading.complete
@@ -301,7 +308,7 @@ class PowerSampler:
                 key = (uid, cid)
                 before = container_usage.get(key)
                 if before is None:
-                    delta = usage if started else 0
+                    delta = usage if started and key not in self._named_since else 0
                     container_usage[key] = usage
                 elif usage > before:
                     delta = usage - before
@@ -311,6 +318,8 @@ class PowerSampler:
                 name = names.get(key)
                 if name is None:
                     name = self._container_name(uid, cid)
+                    if name == POD_OVERHEAD:
+                        self._unnamed.add(key)
                 by_name[name] = by_name.get(name, 0) + delta
             remainder = pod_ns - sum(by_name.values())
             if remainder > 0:
@@ -335,6 +344,26 @@ class PowerSampler:
             }
         return CpuDeltas(busy, total, pods, containers), present
 
+    def _skip_unnamed(self, reading: PodCpuReading) -> None:
+        """Tell the reader which containers to leave unread next time: those without a name so far. An
+        unread container that has a name now is read again (its first read a baseline)."""
+        self._named_since = set()
+        unread = 0
+        for uid, pod in reading.pods.items():
+            unread += len(pod.unread)
+            for cid in pod.unread:
+                if self.pod_meta.container_name(cid) is not None:
+                    self._unnamed.discard((uid, cid))
+                    self._named_since.add((uid, cid))
+        if reading.complete and len(self._unnamed) > unread:  # some are gone, or read this time
+            present = {
+                (uid, cid) for uid, pod in reading.pods.items() for cid in (*pod.unread, *pod.containers)
+            }
+            self._unnamed = {key for key in self._unnamed if key in present and key not in self._names}
+        skip = frozenset(cid for _uid, cid in self._unnamed)
+        if skip != self.cgroups.skip:
+            self.cgroups.skip = skip
+
     def _container_name(self, uid: str, cid: str) -> str:
         name = self._names.get((uid, cid))
         if name is None:
@@ -352,7 +381,7 @@ class PowerSampler:
             [
                 cid
                 for uid, pod in reading.pods.items()
-                for cid in pod.containers
+                for cid in (*pod.containers, *pod.unread)
                 if (uid, cid) not in self._names
             ],
         )
