@@ -216,21 +216,24 @@ def accuracy(snap: PowerSnapshot, truth: dict[str, Any]) -> dict[str, float]:
 
 def real_tree_reads(pods: int, containers: int, reads: int) -> dict[str, float] | None:
     """The cgroup read step on real kernfs files: the same pods as real cgroups on this machine's cgroup2
-    mount (idle: nothing runs in them), read with the files kept open (the agent's way) and with an open
-    per file and read. None without a writable cgroup2 mount (needs root)."""
+    mount (idle: nothing runs in them), the sandboxes left unread as the sampler does, read with the files
+    kept open (the agent's way) and with an open per file and read. None without a writable cgroup2 mount (needs root)."""
     with tempfile.TemporaryDirectory(prefix="rmd-bench-cgroups-") as host:
         tree = RealCgroupTree.create(Path(host))
         if tree is None:
             return None
         try:
+            sandboxes = []
             for i in range(pods):
-                tree.add_pod(i, containers)
+                _uid, _pod, dirs = tree.add_pod(i, containers)
+                sandboxes.append(dirs[-1].name.removeprefix("cri-containerd-").removesuffix(".scope"))
             out: dict[str, float] = {}
             for label, budget in (("kept", None), ("open", 0)):
                 reader = CgroupCpuReader(tree.fs)
                 reader.files = KeptFiles(budget)
+                reader.skip = frozenset(sandboxes)  # as the sampler does: the sandbox has no name
                 out[f"{label}_ms"] = statistics.fmean(cpu_times(reader.read, reads)) * 1e3
-                out["files"] = len(reader.files) or pods * (containers + 2)
+                out["files"] = len(reader.files) or pods * (containers + 1)
                 reader.files.close()
             return out
         finally:
