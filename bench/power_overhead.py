@@ -217,7 +217,8 @@ def accuracy(snap: PowerSnapshot, truth: dict[str, Any]) -> dict[str, float]:
 def real_tree_reads(pods: int, containers: int, reads: int) -> dict[str, float] | None:
     """The cgroup read step on real kernfs files: the same pods as real cgroups on this machine's cgroup2
     mount (idle: nothing runs in them), the sandboxes left unread as the sampler does, read with the files
-    kept open (the agent's way) and with an open per file and read. None without a writable cgroup2 mount (needs root)."""
+    kept open (the agent's way) and with an open per file and read. None without a writable cgroup2 mount
+    (needs root)."""
     with tempfile.TemporaryDirectory(prefix="rmd-bench-cgroups-") as host:
         tree = RealCgroupTree.create(Path(host))
         if tree is None:
