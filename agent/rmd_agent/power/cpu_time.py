@@ -9,9 +9,10 @@ At 500 pods of 2 containers a sample reads 1,500 files, so the reader remembers 
 directories instead of listing every pod directory (dozens of entries each on a real node) every time, and
 keeps the files open (`KeptFiles`): the kernel writes a cgroup file's text afresh on every read from offset
 0, so one pread(2) per file replaces an open, a read and a close with a walk of eight directories
-(bench/power_overhead.py measures both on a real cgroup2 tree). A pod is listed again when a remembered container's file is gone (it exited or restarted), when the pod's own CPU time has
-grown more than its known containers' by `UNEXPLAINED_NS` since the last read (a new container is running),
-and in any case every `RELIST_EVERY` reads (a new container that has not run yet, or runs little).
+(bench/power_overhead.py measures both on a real cgroup2 tree). A pod is listed again when a remembered
+container's file is gone (it exited or restarted), when the pod's own CPU time has grown more than its known
+containers' by `UNEXPLAINED_NS` since the last read (a new container is running), and in any case every
+`RELIST_EVERY` reads (a new container that has not run yet, or runs little).
 Containers the caller names in `skip` are listed but not read (the power sampler skips those it cannot
 name, such as the sandbox: their CPU time is the pod's remainder either way).
 """
