@@ -54,10 +54,11 @@ from prometheus_client import CollectorRegistry
 from rmd_agent.hostfs import HostFS
 from rmd_agent.metrics.exposition import generate
 from rmd_agent.metrics.power_collector import PowerCollector, render
-from rmd_agent.power.cpu_time import read_small
+from rmd_agent.power.cpu_time import CgroupCpuReader, KeptFiles, read_small
 from rmd_agent.power.sampler import PowerSampler, PowerSnapshot
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.load import SimLoad
+from rmd_sim.real_cgroups import RealCgroupTree
 from rmd_sim.spec import NodeSpec
 
 TARGET_CPU_SHARE = 0.01  # of one core, at the interval
@@ -213,6 +214,33 @@ def accuracy(snap: PowerSnapshot, truth: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def real_tree_reads(pods: int, containers: int, reads: int) -> dict[str, float] | None:
+    """The cgroup read step on real kernfs files: the same pods as real cgroups on this machine's cgroup2
+    mount (idle: nothing runs in them), the sandboxes left unread as the sampler does, read with the files
+    kept open (the agent's way) and with an open per file and read. None without a writable cgroup2 mount
+    (needs root)."""
+    with tempfile.TemporaryDirectory(prefix="rmd-bench-cgroups-") as host:
+        tree = RealCgroupTree.create(Path(host))
+        if tree is None:
+            return None
+        try:
+            sandboxes = []
+            for i in range(pods):
+                _uid, _pod, dirs = tree.add_pod(i, containers)
+                sandboxes.append(dirs[-1].name.removeprefix("cri-containerd-").removesuffix(".scope"))
+            out: dict[str, float] = {}
+            for label, budget in (("kept", None), ("open", 0)):
+                reader = CgroupCpuReader(tree.fs)
+                reader.files = KeptFiles(budget)
+                reader.skip = frozenset(sandboxes)  # as the sampler does: the sandbox has no name
+                out[f"{label}_ms"] = statistics.fmean(cpu_times(reader.read, reads)) * 1e3
+                out["files"] = len(reader.files) or pods * (containers + 1)
+                reader.files.close()
+            return out
+        finally:
+            tree.remove()
+
+
 def rss_peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
@@ -280,6 +308,7 @@ def run(  # noqa: PLR0917 - the benchmark's conditions, one argument each
 ) -> dict[str, Any]:
     reps = [repetition(pods, containers, procs, samples, interval) for _ in range(repeats)]
     rss = rss_peak_mib()
+    real_tree = real_tree_reads(pods, containers, samples)
 
     def med(name: str, stat: str = "mean_ms") -> float:
         return float(statistics.median(r["figures"][name][stat] for r in reps))
@@ -327,6 +356,7 @@ def run(  # noqa: PLR0917 - the benchmark's conditions, one argument each
         "samples": samples,
         "repetitions": reps,
         "rss_peak_mib": rss,
+        "real_cgroup_read": real_tree,
         "targets": {name: {"met": met, "value": value} for name, (met, value) in targets.items()},
         "target_met": all(met for met, _ in targets.values()),
     }
@@ -354,7 +384,16 @@ def print_result(result: dict[str, Any]) -> None:
             f"per-pod error mean {acc['pod_error_mean']:.3%}, "
             f"max {acc['pod_error_max']:.3%}"
         )
-    print(f"\nRSS peak of the sampling process: {result['rss_peak_mib']:.1f} MiB\n")
+    print(f"\nRSS peak of the sampling process: {result['rss_peak_mib']:.1f} MiB")
+    real = result["real_cgroup_read"]
+    if real is None:
+        print("cgroup read on a real cgroup2 tree: not measured (no writable cgroup2 mount; needs root)\n")
+    else:
+        print(
+            f"cgroup read on a real cgroup2 tree ({real['files']:.0f} kernfs files, idle): files kept open "
+            f"{real['kept_ms']:.2f} ms, opened per read {real['open_ms']:.2f} ms "
+            f"({real['open_ms'] / real['kept_ms']:.1f}x)\n"
+        )
     for name, target in result["targets"].items():
         print(f"{'met   ' if target['met'] else 'MISSED'} {name}: {target['value']}")
 

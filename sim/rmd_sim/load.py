@@ -97,6 +97,20 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+_WIDTH = 19  # digits of every cgroup counter: a file's length never changes while its numbers grow
+
+
+def _write_in_place(path: Path, text: str) -> None:
+    """Rewrite a cgroup counter file in place, as the kernel's files change: a reader may keep it open
+    and read it again from offset 0 (the agent does). Every counter has a fixed width, so the file never
+    shrinks or shifts; a read racing with the write can only mix old and new digits of the same counter."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.pwrite(fd, text.encode(), 0)
+    finally:
+        os.close(fd)
+
+
 class SimLoad:
     """Pods with CPU rates on a simulated host tree; `advance()` moves simulated time forward."""
 
@@ -335,13 +349,13 @@ class SimLoad:
             if self.spec.cgroup_version == 2:
                 usec = int(usage_ns // 1000)
                 user = usec * 4 // 5
-                _write(
+                _write_in_place(
                     directory / "cpu.stat",
-                    f"usage_usec {usec}\nuser_usec {user}\nsystem_usec {usec - user}\n"
-                    "nr_periods 0\nnr_throttled 0\nthrottled_usec 0\n",
+                    f"usage_usec {usec:0{_WIDTH}d}\nuser_usec {user:0{_WIDTH}d}\n"
+                    f"system_usec {usec - user:0{_WIDTH}d}\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n",
                 )
             else:
-                _write(directory / "cpuacct.usage", f"{int(usage_ns)}\n")
+                _write_in_place(directory / "cpuacct.usage", f"{int(usage_ns):0{_WIDTH}d}\n")
 
     def _write_proc_stat(self) -> None:
         cpus = self.spec.cpus

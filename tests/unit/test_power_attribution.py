@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import uuid
 from collections.abc import Collection
 from pathlib import Path
@@ -19,7 +20,7 @@ from rmd_agent.hostfs import HostFS
 from rmd_agent.metrics import catalog
 from rmd_agent.metrics.power_collector import PowerCollector
 from rmd_agent.power.attribution import CpuDeltas, EnergyLedger, ZoneKey, cpu_shares, split_energy
-from rmd_agent.power.pod_meta import PodMeta
+from rmd_agent.power.pod_meta import KubeletLogDirs, PodMeta
 from rmd_agent.power.sampler import POD_OVERHEAD, PowerSampler, PowerSnapshot
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.load import SimLoad
@@ -327,9 +328,11 @@ def test_an_unreadable_pod_is_counted_not_terminated(tmp_path: Path) -> None:
     node.run(10.0)
     stat = tmp_path / "sys/fs/cgroup" / pod.rel_dir / "cpu.stat"
     saved = stat.read_text()
+    node.sampler.cgroups.files.close()  # a kept file would still read: make the sampler open it again
     stat.unlink()
     stat.mkdir()  # reading it fails the way EACCES would
-    snap = node.sampler.sample()
+    node.sampler.sample()
+    snap = node.sampler.snapshot()
     assert snap.stats.errors["cgroup"] == 1
     assert any(p.uid == uid and not p.terminated for p in snap.pods)
     stat.rmdir()
@@ -402,9 +405,73 @@ def test_an_unlistable_pod_root_terminates_nobody(tmp_path: Path) -> None:
     before = pod_of(node.run(10.0), uid)["package"]
     pods_root = tmp_path / "sys/fs/cgroup/kubepods.slice"
     pods_root.rename(tmp_path / "moved")
-    snap = node.sampler.sample()
+    node.sampler.sample()
+    snap = node.sampler.snapshot()
     assert snap.stats.errors["cgroup"] == 1
     assert any(p.uid == uid and not p.terminated for p in snap.pods)
     (tmp_path / "moved").rename(pods_root)
     after = pod_of(node.run(10.0), uid)["package"]
     assert after > before  # same series, still counting
+
+
+def test_a_counter_read_lower_once_credits_nothing_for_it(tmp_path: Path) -> None:
+    """A cgroup's CPU time never goes down; a lower figure (a read torn by a concurrent update, or skew)
+    is no CPU time spent. Taking it as a counter reset credited the pod its whole life again at the next
+    read: 12 % too much energy here (the clamp to the node's busy time kept it from being more)."""
+    node = Node(tmp_path)
+    uid = str(uuid.uuid4())
+    pod = node.load.add_pod("a", "p", uid, {"c": 2.0})
+    node.load.advance(100.0)  # a long life before the agent started
+    before = node.load.expected_pod_joules(uid, "package")
+    node.sampler.sample()
+    node.run(10.0)
+    stat = tmp_path / "sys/fs/cgroup" / pod.rel_dir / "cpu.stat"
+    stat.write_text("usage_usec 1\n")  # one torn read: far below the last figure
+    node.sampler.sample()
+    snap = node.run(10.0)  # the real figures again
+    assert pod_of(snap, uid)["package"] == pytest.approx(
+        node.load.expected_pod_joules(uid, "package") - before, rel=1e-4
+    )
+
+
+def test_the_sandbox_is_not_read(tmp_path: Path) -> None:
+    """A container without a name (the sandbox) is listed but its file is not read: its CPU time is the
+    pod's remainder either way. A quarter of the files at two containers per pod."""
+    node = Node(tmp_path)
+    uid = str(uuid.uuid4())
+    node.load.add_pod("a", "p", uid, {"app": 1.0}, sandbox_cpus=0.05)
+    node.sampler.sample()
+    snap = node.run(20.0)
+    assert len(node.sampler.cgroups.files) == 2  # the pod's own file and the app's
+    assert container_of(snap, uid, POD_OVERHEAD)["package"] == pytest.approx(
+        node.load.expected_container_joules(uid, "", "package"), rel=1e-4
+    )
+
+
+def test_a_container_named_late_is_read_from_a_baseline(tmp_path: Path) -> None:
+    """A container whose name is not known at first is not read; once its name is known it is read, and
+    its first read is only a baseline: counting its whole life then took the pod's other containers'
+    share for that interval."""
+    node = Node(tmp_path)
+    sim_clock = lambda: node.load.now  # noqa: E731
+    fs = HostFS(tmp_path)
+    node.sampler = PowerSampler(fs, clock=sim_clock, pod_meta=KubeletLogDirs(fs, clock=sim_clock))
+    uid = str(uuid.uuid4())
+    pod = node.load.add_pod("a", "p", uid, {"app": 2.0, "late": 1.0})
+    link = tmp_path / f"var/log/containers/p_a_late-{pod.containers['late'].id}.log"
+    target = os.readlink(link)
+    link.unlink()  # the kubelet has not written it yet
+    node.sampler.sample()
+    node.run(30.0)
+    assert len(node.sampler.cgroups.files) == 2  # the pod's own file and the app's
+    link.symlink_to(target)
+    snap = node.run(120.0)  # the log directories are listed again within a minute
+    assert len(node.sampler.cgroups.files) == 3
+    assert container_of(snap, uid, "app")["package"] == pytest.approx(
+        node.load.expected_container_joules(uid, "app", "package"), rel=1e-4
+    )
+    assert (
+        0
+        < container_of(snap, uid, "late")["package"]
+        < node.load.expected_container_joules(uid, "late", "package")
+    )

@@ -4,6 +4,7 @@ every container: restarted ones at once, new busy ones at once, new idle ones wi
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -80,3 +81,46 @@ def test_restarted_and_new_containers_are_seen(node: tuple[SimLoad, list[SimLoad
     load.advance(1.0)
     seen = [idle in reader.read().pods[pods[2].uid].containers for _ in range(RELIST_EVERY)]
     assert seen[-1]
+
+
+def test_steady_reads_open_no_file(
+    node: tuple[SimLoad, list[SimLoadPod]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Usage files stay open between reads (pread at offset 0 sees the kernel's new text): a steady read
+    opens nothing, and still sees the counters move."""
+    load, pods = node
+    reader = CgroupCpuReader(HostFS(load.root))
+    first = reader.read()
+    opened: list[str] = []
+    real_open = cpu_time.os.open
+
+    def counting(path: str, flags: int, *args: int, **kwargs: int) -> int:
+        if flags & os.O_ACCMODE == os.O_RDONLY:  # the simulator's writes are not the reader's
+            opened.append(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_time.os, "open", counting)
+    load.advance(1.0)
+    second = reader.read()
+    assert opened == []
+    assert len(reader.files) == len(pods) * 4  # each pod: its own file, two containers, the sandbox
+    assert all(second.pods[p.uid].usage_ns > first.pods[p.uid].usage_ns for p in pods)
+
+
+def test_kept_files_close_when_not_read_and_respect_the_budget(tmp_path: Path) -> None:
+    paths = [tmp_path / name for name in ("a", "b", "c")]
+    for path in paths:
+        path.write_text("1\n")
+    files = cpu_time.KeptFiles(budget=2)
+    assert [files.read(str(p)) for p in paths] == [b"1\n"] * 3  # the third is read, not kept
+    assert len(files) == 2
+    paths[0].write_text("22\n")  # in place, as the kernel's files change
+    files.end()
+    assert files.read(str(paths[0])) == b"22\n"
+    files.end()  # b was not read since the last end(): closed
+    assert len(files) == 1
+    paths[0].unlink()
+    files.close()
+    assert len(files) == 0
+    with pytest.raises(FileNotFoundError):
+        files.read(str(paths[0]))

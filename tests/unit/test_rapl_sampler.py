@@ -143,7 +143,8 @@ def test_node_energy_counts_each_zone_once(tmp_path: Path) -> None:
     sampler = PowerSampler(HostFS(tmp_path), clock=lambda: load.now)
     sampler.sample()
     load.advance(5.0)
-    snap = sampler.sample()
+    sampler.sample()
+    snap = sampler.snapshot()
     assert snap.host_kinds == ("package", "dram")
     assert snap.host_energy_j() == pytest.approx(
         load.zone_joules("package") + load.zone_joules("dram"), rel=1e-9
@@ -171,7 +172,8 @@ def test_missing_rapl_is_reported_not_raised(tmp_path: Path, setup: str, reason:
     load = SimLoad(tmp_path) if setup == "no_powercap" else None
     sampler = PowerSampler(HostFS(tmp_path), clock=lambda: load.now if load else 0.0)
     for _ in range(3):
-        snap = sampler.sample()
+        sampler.sample()
+        snap = sampler.snapshot()
     assert not snap.rapl_available
     assert reason in snap.rapl_reason
     assert snap.zones == ()
@@ -185,12 +187,15 @@ def test_rapl_is_found_when_it_appears_later(tmp_path: Path) -> None:
     powercap.rename(hidden)
     now = [0.0]
     sampler = PowerSampler(HostFS(tmp_path), clock=lambda: now[0], rediscover_seconds=60)
-    assert not sampler.sample().rapl_available
+    sampler.sample()
+    assert not sampler.snapshot().rapl_available
     hidden.rename(powercap)
     now[0] = 30.0
-    assert not sampler.sample().rapl_available  # not looked for again yet
+    sampler.sample()
+    assert not sampler.snapshot().rapl_available  # not looked for again yet
     now[0] = 61.0
-    assert sampler.sample().rapl_available
+    sampler.sample()
+    assert sampler.snapshot().rapl_available
 
 
 def powercap_files(zones: dict[str, tuple[str, int]]) -> dict[str, str]:

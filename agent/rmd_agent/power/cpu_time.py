@@ -5,16 +5,23 @@ Reading cgroups costs one small file per pod and per container, where Kepler's p
 kubelet's pod root a fixed two levels deep (QoS directory, pod) and named by `cgroup_paths`, so both cgroup
 drivers and every QoS class are covered without knowing the kubelet's configuration.
 
-At 500 pods a sample reads some 1,500 files, so the reader remembers each pod's container directories
-instead of listing every pod directory (dozens of entries each on a real node) every time. A pod is listed
-again when a remembered container's file is gone (it exited or restarted), when the pod's own CPU time has
-grown more than its known containers' by `UNEXPLAINED_NS` since the listing (a new container is running),
-and in any case every `RELIST_EVERY` reads (a new container that has not run yet).
+At 500 pods of 2 containers a sample reads 1,500 files, so the reader remembers each pod's container
+directories instead of listing every pod directory (dozens of entries each on a real node) every time, and
+keeps the files open (`KeptFiles`): the kernel writes a cgroup file's text afresh on every read from offset
+0, so one pread(2) per file replaces an open, a read and a close with a walk of eight directories
+(bench/power_overhead.py measures both on a real cgroup2 tree). A pod is listed again when a remembered
+container's file is gone (it exited or restarted), when the pod's own CPU time has grown more than its known
+containers' by `UNEXPLAINED_NS` since the last read (a new container is running), and in any case every
+`RELIST_EVERY` reads (a new container that has not run yet, or runs little).
+Containers the caller names in `skip` are listed but not read (the power sampler skips those it cannot
+name, such as the sandbox: their CPU time is the pod's remainder either way).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 from dataclasses import dataclass, field
 
 from rmd_agent.errors import HostReadError, Unsupported
@@ -67,6 +74,7 @@ class PodCpu:
     qos: QoS
     usage_ns: int  # the pod cgroup: its containers, the sandbox and anything else in it
     containers: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (runtime, usage ns)
+    unread: tuple[str, ...] = ()  # ids of containers present but not read (CgroupCpuReader.skip)
 
 
 @dataclass(frozen=True)
@@ -109,8 +117,66 @@ def read_small(path: str) -> bytes:
         os.close(fd)
 
 
-def _read_usage_ns(path: str, version: int) -> int:
-    data = read_small(path)
+class KeptFiles:
+    """Small kernel files kept open between samples and read with pread(2) at offset 0.
+
+    Only for files the kernel (or whatever stands in for it) updates in place: a file replaced by rename
+    would be read stale through the old descriptor. A removed cgroup's open file fails with ENODEV; that,
+    like a failed open, is raised as FileNotFoundError. Files not read since the last `end()` are closed
+    by it, so a pod's files close the sample after it is gone. At most `budget` files are kept (half the
+    soft open-files limit by default); past that a file is opened for each read.
+    """
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = default_budget() if budget is None else budget
+        self._used: dict[str, int] = {}  # read since the last end()
+        self._kept: dict[str, int] = {}  # kept from before, not read yet since the last end()
+
+    def read(self, path: str) -> bytes:
+        fd = self._kept.pop(path, -1)
+        if fd < 0:
+            fd = self._used.get(path, -1)
+        if fd < 0:
+            if len(self._used) + len(self._kept) >= self.budget:
+                return read_small(path)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._used[path] = fd
+        try:
+            return os.pread(fd, 4096, 0)
+        except OSError as exc:
+            del self._used[path]
+            os.close(fd)
+            if exc.errno in (errno.ENODEV, errno.ENOENT, errno.ESTALE):
+                raise FileNotFoundError(exc.errno, exc.strerror, path) from None
+            raise
+
+    def end(self) -> None:
+        """Close the files not read since the last call."""
+        for fd in self._kept.values():
+            os.close(fd)
+        self._kept, self._used = self._used, {}
+
+    def close(self) -> None:
+        for fd in (*self._kept.values(), *self._used.values()):
+            os.close(fd)
+        self._kept, self._used = {}, {}
+
+    def __len__(self) -> int:
+        return len(self._kept) + len(self._used)
+
+
+MAX_KEPT_FILES = 65_536
+
+
+def default_budget() -> int:
+    """Half the soft open-files limit (less a margin), so the rest of the agent keeps the other half."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_KEPT_FILES
+    return min(MAX_KEPT_FILES, max(0, int(soft) // 2 - 64))
+
+
+def _parse_usage_ns(data: bytes, version: int) -> int:
     if version == 1:
         return int(data)  # cpuacct.usage is in nanoseconds
     # cpu.stat starts with "usage_usec <n>"
@@ -133,8 +199,8 @@ def _subdirs(path: str) -> list[str]:
 
 @dataclass
 class _KnownPod:
-    """A pod directory as last listed: its containers' ids, runtimes and usage files, and the pod's and
-    the containers' summed CPU time at that listing."""
+    """A pod directory as last listed: its containers' ids, runtimes and usage files, the pod's and the
+    read containers' summed CPU time at the last read, and the reads since the listing."""
 
     uid: str
     qos: QoS
@@ -155,9 +221,15 @@ class CgroupCpuReader:
         self._known: dict[str, _KnownPod] = {}  # pod directory -> as last listed
         self._pod_names: dict[str, tuple[str, QoS] | None] = {}  # directory name -> parse_pod_dir
         self.listings = 0  # pod directories listed, for tests and the benchmark
+        self.files = KeptFiles()
+        self.skip: frozenset[str] = frozenset()  # container ids listed but not read
+
+    def _usage_ns(self, path: str, version: int) -> int:
+        return _parse_usage_ns(self.files.read(path), version)
 
     def discover(self) -> Unsupported | None:
         self._known = {}
+        self.files.close()
         found = find_pod_root(self.fs)
         if isinstance(found, Unsupported):
             self.root, self.status = None, found
@@ -204,15 +276,23 @@ class CgroupCpuReader:
                 containers.append((parsed[1], parsed[0], f"{pod_path}/{child}/{usage_file}"))
         return _KnownPod(uid, qos, f"{pod_path}/{usage_file}", containers)
 
-    def _read_containers(self, known: _KnownPod, version: int) -> dict[str, tuple[str, int]] | None:
-        """The known containers' CPU time, or None when one of them is gone (list the pod again)."""
+    def _read_containers(
+        self, known: _KnownPod, version: int
+    ) -> tuple[dict[str, tuple[str, int]], tuple[str, ...]] | None:
+        """The known containers' CPU time and the ids skipped, or None when one of them is gone (list the
+        pod again)."""
         out: dict[str, tuple[str, int]] = {}
+        unread: list[str] = []
+        skip = self.skip
         try:
             for cid, runtime, path in known.containers:
-                out[cid] = (runtime, _read_usage_ns(path, version))
+                if cid in skip:
+                    unread.append(cid)
+                else:
+                    out[cid] = (runtime, self._usage_ns(path, version))
         except FileNotFoundError:
             return None
-        return out
+        return out, tuple(unread)
 
     def read(self) -> PodCpuReading:
         if self.root is None and self.discover() is not None:
@@ -230,6 +310,7 @@ class CgroupCpuReader:
             where = f"/{self.root.hierarchy}/{self.root.root}"
             self.root = None  # rediscover next time: the kubelet may have been reconfigured
             self._known = {}
+            self.files.close()
             return PodCpuReading({}, complete=False, errors=(f"{where}: {exc.strerror}",))
         known_before, self._known = self._known, {}
         for rel, uid, qos in pod_dirs or ():
@@ -238,23 +319,27 @@ class CgroupCpuReader:
             try:
                 fresh = known is None or known.reads + 1 >= RELIST_EVERY
                 if fresh:
+                    # a pod seen for the first time starts at a staggered point of the relist cycle, so
+                    # pods that appeared together (the agent's start) are not all listed in one sample
+                    reads = len(self._known) % RELIST_EVERY if known is None else 0
                     known = self._list(pod_path, uid, qos, usage_file)
+                    known.reads = reads
                 assert known is not None
-                usage = _read_usage_ns(known.usage_path, version)
-                containers = self._read_containers(known, version)
+                usage = self._usage_ns(known.usage_path, version)
+                read = self._read_containers(known, version)
                 if not fresh and (
-                    containers is None
-                    or (usage - known.pod_ns) - (_total(containers) - known.containers_ns) > UNEXPLAINED_NS
+                    read is None
+                    or (usage - known.pod_ns) - (_total(read[0]) - known.containers_ns) > UNEXPLAINED_NS
                 ):
                     known = self._list(pod_path, uid, qos, usage_file)
                     fresh = True
-                    containers = self._read_containers(known, version)
-                if containers is None:  # a container exited between listing and reading
+                    read = self._read_containers(known, version)
+                if read is None:  # a container exited between listing and reading
                     known = self._list(pod_path, uid, qos, usage_file)
-                    containers = self._read_containers(known, version) or {}
-                if fresh:
-                    known.pod_ns, known.containers_ns, known.reads = usage, _total(containers), 0
-                else:
+                    read = self._read_containers(known, version) or ({}, ())
+                containers, unread = read
+                known.pod_ns, known.containers_ns = usage, _total(containers)
+                if not fresh:
                     known.reads += 1
             except FileNotFoundError:
                 continue  # the pod went away between listing and reading
@@ -263,7 +348,8 @@ class CgroupCpuReader:
                 errors.append(f"{rel}: {getattr(exc, 'strerror', None) or exc}")
                 continue
             self._known[rel] = known
-            pods[uid] = PodCpu(uid, qos, usage, containers)
+            pods[uid] = PodCpu(uid, qos, usage, containers, unread)
+        self.files.end()
         return PodCpuReading(pods, True, frozenset(unreadable), tuple(errors))
 
 

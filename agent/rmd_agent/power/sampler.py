@@ -6,6 +6,9 @@ unreadable RAPL tree, an unreadable cgroup or a vanished pod is counted under `e
 sample goes on with what it has (RAPL is looked for again every `rediscover_seconds`). Anything else is
 caught by `run()`, counted as "internal", logged, and the loop keeps its schedule: no crash loop.
 
+The snapshot is built when it is first read after a sample (a scrape), not by every sample: at a 1 s
+interval and a 15 s scrape, fourteen of fifteen would never be read.
+
 `sample()` runs in the event loop's thread on purpose: it is small file reads and arithmetic, tens of
 milliseconds at 500 pods (bench/power_overhead.py), and running it between other tasks, not beside them,
 means a test driving a simulated node from the same loop always sees a consistent node.
@@ -136,9 +139,10 @@ class PowerSampler:
         self.pod_meta: PodMetaSource = pod_meta if pod_meta is not None else KubeletLogDirs(fs)
         self.ledger = EnergyLedger()
         self._lock = threading.Lock()
-        self._snapshot = PowerSnapshot(0, "not sampled yet", 0.0, 0.0)
+        self._snapshot: PowerSnapshot | None = PowerSnapshot(0, "not sampled yet", 0.0, 0.0)  # None: build
         self._stats = SamplerStats()
         self._last_time: float | None = None
+        self._interval_seconds = 0.0  # length of the last interval
         self._last_discovery: float | None = None
         self._proc: ProcStat | None = None
         self._pod_usage: dict[str, int] = {}  # uid -> ns, last reading
@@ -147,6 +151,10 @@ class PowerSampler:
         self._first_seen: dict[str, float] = {}
         self._meta: dict[str, PodMeta] = {}  # sticky once known: uid -> namespace/name
         self._names: dict[tuple[str, str], str] = {}  # sticky: (uid, container id) -> name
+        # containers without a name (the sandbox, or one whose name is not known yet) are not read: their
+        # CPU time is the pod's remainder either way; once named, the first read is only a baseline
+        self._unnamed: set[tuple[str, str]] = set()
+        self._named_since: set[tuple[str, str]] = set()
         self._complete = False
         self._terminated: dict[str, _Terminated] = {}
         self._rapl_errors_logged = False
@@ -155,6 +163,8 @@ class PowerSampler:
 
     def snapshot(self) -> PowerSnapshot:
         with self._lock:
+            if self._snapshot is None:
+                self._snapshot = self._build()
             return self._snapshot
 
     def mark_exported(self, uids: set[str]) -> None:
@@ -165,6 +175,8 @@ class PowerSampler:
             for uid in uids:
                 self._terminated.pop(uid, None)
             snap = self._snapshot
+            if snap is None:  # the next build leaves them out
+                return
             self._snapshot = dataclasses.replace(
                 snap,
                 pods=tuple(p for p in snap.pods if not (p.terminated and p.uid in uids)),
@@ -192,15 +204,14 @@ class PowerSampler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
 
-    def sample(self) -> PowerSnapshot:
-        """Take one sample and publish its snapshot. Holds the lock throughout: a scrape thread marking
+    def sample(self) -> None:
+        """Take one sample; `snapshot()` shows it. Holds the lock throughout: a scrape thread marking
         terminated pods exported must not interleave with the sample moving pods in and out."""
         with self._lock:
-            snapshot = self._sample()
-            self._snapshot = snapshot
-        return snapshot
+            self._sample()
+            self._snapshot = None
 
-    def _sample(self) -> PowerSnapshot:
+    def _sample(self) -> None:
         started = time.perf_counter()
         now = self.clock()
         errors: dict[str, int] = {}
@@ -211,6 +222,7 @@ class PowerSampler:
             errors["cgroup"] = len(reading.errors)
             log.debug("cgroup read errors: %s", "; ".join(reading.errors[:5]))
         seconds = now - self._last_time if self._last_time is not None else 0.0
+        self._interval_seconds = seconds
         self._revive(reading.pods)
         self._resolve_meta(reading)
         cpu, containers_now = self._cpu_deltas(proc, reading)
@@ -219,18 +231,20 @@ class PowerSampler:
         self.ledger.track(reading.pods, containers_now, {z.key.kind for z in self.rapl.zones})
         if self._last_time is not None:
             self.ledger.record(seconds, zone_energy, cpu)
+        self._skip_unnamed(reading)
         if reading.complete:
-            for uid in [u for u in self.ledger.pods if u not in reading.pods and u not in reading.unreadable]:
+            gone = [u for u in self.ledger.pods if u not in reading.pods and u not in reading.unreadable]
+            for uid in gone:
                 self._terminate(uid)
-        live = set(self.ledger.pods)
-        self._meta = {u: m for u, m in self._meta.items() if u in live}
-        self._names = {k: v for k, v in self._names.items() if k[0] in live}
+            if gone or len(self._meta) > len(self.ledger.pods):
+                live = set(self.ledger.pods)
+                self._meta = {u: m for u, m in self._meta.items() if u in live}
+                self._names = {k: v for k, v in self._names.items() if k[0] in live}
         self._last_time = now
         self._proc = proc if proc is not None else self._proc
         self._complete = reading.complete
         self._pods_seen = set(reading.pods) | set(reading.unreadable)
         self._finish_stats(errors, time.perf_counter() - started)
-        return self._build(seconds)
 
     # --- steps ---
 
@@ -269,29 +283,43 @@ class PowerSampler:
             busy = max(0, proc.busy_ticks - self._proc.busy_ticks) / USER_HZ
             total = max(0, proc.total_ticks - self._proc.total_ticks) / USER_HZ
         first = self._last_time is None
+        pod_usage, container_usage, names = self._pod_usage, self._container_usage, self._names
         pods: dict[str, float] = {}
         containers: dict[str, dict[str, float]] = {}
         present: list[tuple[str, str]] = []
         for uid, pod in reading.pods.items():
             # A pod absent from a complete previous reading started since: all its CPU time is new.
             new_pod = not first and self._complete and uid not in self._pods_seen
-            previous = self._pod_usage.get(uid)
+            previous = pod_usage.get(uid)
+            # CPU time never goes down: a lower figure is a read torn by a concurrent update or skewed, so
+            # the higher one stays the baseline (taking the lower would credit the difference twice)
             if previous is None:
                 pod_ns = pod.usage_ns if new_pod else 0
+                pod_usage[uid] = pod.usage_ns
+            elif pod.usage_ns > previous:
+                pod_ns = pod.usage_ns - previous
+                pod_usage[uid] = pod.usage_ns
             else:
-                pod_ns = pod.usage_ns - previous if pod.usage_ns >= previous else pod.usage_ns
-            self._pod_usage[uid] = pod.usage_ns
+                pod_ns = 0
+            # a container not there last time started since (unless nothing was read last time)
+            started = not first and (new_pod or previous is not None)
             by_name: dict[str, int] = {}
             for cid, (_runtime, usage) in pod.containers.items():
                 key = (uid, cid)
-                before = self._container_usage.get(key)
+                before = container_usage.get(key)
                 if before is None:
-                    # a container not there last time started since (unless nothing was read last time)
-                    delta = usage if (not first and (new_pod or previous is not None)) else 0
+                    delta = usage if started and key not in self._named_since else 0
+                    container_usage[key] = usage
+                elif usage > before:
+                    delta = usage - before
+                    container_usage[key] = usage
                 else:
-                    delta = usage - before if usage >= before else usage
-                self._container_usage[key] = usage
-                name = self._container_name(uid, cid)
+                    delta = 0
+                name = names.get(key)
+                if name is None:
+                    name = self._container_name(uid, cid)
+                    if name == POD_OVERHEAD:
+                        self._unnamed.add(key)
                 by_name[name] = by_name.get(name, 0) + delta
             remainder = pod_ns - sum(by_name.values())
             if remainder > 0:
@@ -300,18 +328,41 @@ class PowerSampler:
                 by_name.pop(POD_OVERHEAD, None)  # no series for an idle sandbox until it uses CPU
             pods[uid] = pod_ns / 1e9
             containers[uid] = {name: ns / 1e9 for name, ns in by_name.items()}
-            present.extend((uid, name) for name in by_name)
+            present.extend([(uid, name) for name in by_name])
         # forget readings of pods and containers that are gone (unreadable pods keep theirs, and nothing
-        # is forgotten when the pod root could not be listed at all)
+        # is forgotten when the pod root could not be listed at all); every one read now has an entry, so
+        # there is something to forget only when there are more entries than that
         if not reading.complete:
             return CpuDeltas(busy, total, pods, containers), present
-        keep = set(reading.pods) | set(reading.unreadable)
-        live = {(uid, cid) for uid, pod in reading.pods.items() for cid in pod.containers}
-        self._pod_usage = {u: v for u, v in self._pod_usage.items() if u in keep}
-        self._container_usage = {
-            k: v for k, v in self._container_usage.items() if k in live or k[0] in reading.unreadable
-        }
+        if len(pod_usage) > len(reading.pods):
+            keep = set(reading.pods) | set(reading.unreadable)
+            self._pod_usage = {u: v for u, v in pod_usage.items() if u in keep}
+        if len(container_usage) > sum(len(pod.containers) for pod in reading.pods.values()):
+            live = {(uid, cid) for uid, pod in reading.pods.items() for cid in pod.containers}
+            self._container_usage = {
+                k: v for k, v in container_usage.items() if k in live or k[0] in reading.unreadable
+            }
         return CpuDeltas(busy, total, pods, containers), present
+
+    def _skip_unnamed(self, reading: PodCpuReading) -> None:
+        """Tell the reader which containers to leave unread next time: those without a name so far. An
+        unread container that has a name now is read again (its first read a baseline)."""
+        self._named_since = set()
+        unread = 0
+        for uid, pod in reading.pods.items():
+            unread += len(pod.unread)
+            for cid in pod.unread:
+                if self.pod_meta.container_name(cid) is not None:
+                    self._unnamed.discard((uid, cid))
+                    self._named_since.add((uid, cid))
+        if reading.complete and len(self._unnamed) > unread:  # some are gone, or read this time
+            present = {
+                (uid, cid) for uid, pod in reading.pods.items() for cid in (*pod.unread, *pod.containers)
+            }
+            self._unnamed = {key for key in self._unnamed if key in present and key not in self._names}
+        skip = frozenset(cid for _uid, cid in self._unnamed)
+        if skip != self.cgroups.skip:
+            self.cgroups.skip = skip
 
     def _container_name(self, uid: str, cid: str) -> str:
         name = self._names.get((uid, cid))
@@ -330,7 +381,7 @@ class PowerSampler:
             [
                 cid
                 for uid, pod in reading.pods.items()
-                for cid in pod.containers
+                for cid in (*pod.containers, *pod.unread)
                 if (uid, cid) not in self._names
             ],
         )
@@ -357,7 +408,8 @@ class PowerSampler:
         if uid in self._meta:
             return True
         first = self._first_seen.get(uid)
-        return first is None or self.clock() - first >= self.meta_grace_seconds
+        sampled = self._last_time if self._last_time is not None else self.clock()  # as of the last sample
+        return first is None or sampled - first >= self.meta_grace_seconds
 
     def _terminate(self, uid: str) -> None:
         watts: dict[str, float] = {}
@@ -381,17 +433,18 @@ class PowerSampler:
         errors[source] = errors.get(source, 0) + n
         self._stats = dataclasses.replace(self._stats, errors=errors)
         with self._lock:
-            self._snapshot = dataclasses.replace(self._snapshot, stats=self._stats)
+            if self._snapshot is not None:
+                self._snapshot = dataclasses.replace(self._snapshot, stats=self._stats)
 
     def _finish_stats(self, errors: Mapping[str, int], duration: float) -> None:
         self._stats = next_stats(self._stats, errors, duration, self.wall_clock())
 
-    def _build(self, seconds: float) -> PowerSnapshot:
+    def _build(self) -> PowerSnapshot:
         return build_snapshot(
             self.ledger,
             seq=self._stats.samples,
             rapl_reason="" if self.rapl.status is None else self.rapl.status.reason,
-            interval_seconds=seconds,
+            interval_seconds=self._interval_seconds,
             meta={
                 uid: self._meta.get(uid, PodMeta("", "")) for uid in self.ledger.pods if self._exportable(uid)
             },
