@@ -124,3 +124,34 @@ def test_kept_files_close_when_not_read_and_respect_the_budget(tmp_path: Path) -
     assert len(files) == 0
     with pytest.raises(FileNotFoundError):
         files.read(str(paths[0]))
+
+
+def test_an_idle_pods_containers_are_not_read(node: tuple[SimLoad, list[SimLoadPod]]) -> None:
+    """A pod whose CPU time has not moved since the last read is idle, and so are its containers (the pod's
+    CPU time counts theirs): their files are not read again, and stay open for when the pod runs again."""
+    load, pods = node
+    idle = pods[0]
+    for name in idle.containers:
+        load.set_rate(idle.uid, name, 0.0)
+    load.advance(1.0)
+    reader = CgroupCpuReader(HostFS(load.root))
+    reader.read()
+    reader.read()
+    read_paths: list[str] = []
+    real_read = reader.files.read
+
+    def counting(path: str) -> bytes:
+        read_paths.append(path)
+        return real_read(path)
+
+    reader.files.read = counting  # type: ignore[method-assign]
+    load.advance(1.0)
+    reading = reader.read()
+    idle_dir = str(load.root / load.cgroup_base / idle.rel_dir)
+    assert [p for p in read_paths if p.startswith(idle_dir)] == [f"{idle_dir}/cpu.stat"]  # the pod's only
+    assert reading.pods[idle.uid].containers.keys() == {c.id for c in idle.containers.values()}
+    assert len(reader.files) == len(pods) * 4  # the idle pod's files stay open
+    load.set_rate(idle.uid, "app", 0.5)
+    load.advance(1.0)
+    before = reading.pods[idle.uid].containers[idle.containers["app"].id][1]
+    assert reader.read().pods[idle.uid].containers[idle.containers["app"].id][1] > before

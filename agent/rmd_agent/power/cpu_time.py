@@ -12,7 +12,9 @@ keeps the files open (`KeptFiles`): the kernel writes a cgroup file's text afres
 (bench/power_overhead.py measures both on a real cgroup2 tree). A pod is listed again when a remembered
 container's file is gone (it exited or restarted), when the pod's own CPU time has grown more than its known
 containers' by `UNEXPLAINED_NS` since the last read (a new container is running), and in any case every
-`RELIST_EVERY` reads (a new container that has not run yet, or runs little).
+`RELIST_EVERY` reads (a new container that has not run yet, or runs little). A pod whose own CPU time has
+not moved since the last read is idle, and so are its containers: their files are not read (most pods of a
+real node are idle most of the time).
 Containers the caller names in `skip` are listed but not read (the power sampler skips those it cannot
 name, such as the sandbox: their CPU time is the pod's remainder either way).
 """
@@ -150,8 +152,14 @@ class KeptFiles:
                 raise FileNotFoundError(exc.errno, exc.strerror, path) from None
             raise
 
+    def keep(self, path: str) -> None:
+        """Keep a file open through the next `end()` without reading it."""
+        fd = self._kept.pop(path, -1)
+        if fd >= 0:
+            self._used[path] = fd
+
     def end(self) -> None:
-        """Close the files not read since the last call."""
+        """Close the files not read (or kept) since the last call."""
         for fd in self._kept.values():
             os.close(fd)
         self._kept, self._used = self._used, {}
@@ -209,6 +217,8 @@ class _KnownPod:
     pod_ns: int = 0
     containers_ns: int = 0
     reads: int = 0
+    last: tuple[dict[str, tuple[str, int]], tuple[str, ...]] = ({}, ())  # the last read's containers
+    last_skip: frozenset[str] | None = None  # the skip set of that read
 
 
 class CgroupCpuReader:
@@ -326,6 +336,14 @@ class CgroupCpuReader:
                     known.reads = reads
                 assert known is not None
                 usage = self._usage_ns(known.usage_path, version)
+                if not fresh and usage == known.pod_ns and known.last_skip is self.skip:
+                    # an idle pod: its CPU time counts its containers', so none of them ran either
+                    for _cid, _runtime, path in known.containers:
+                        self.files.keep(path)
+                    known.reads += 1
+                    self._known[rel] = known
+                    pods[uid] = PodCpu(uid, qos, usage, *known.last)
+                    continue
                 read = self._read_containers(known, version)
                 if not fresh and (
                     read is None
@@ -339,6 +357,7 @@ class CgroupCpuReader:
                     read = self._read_containers(known, version) or ({}, ())
                 containers, unread = read
                 known.pod_ns, known.containers_ns = usage, _total(containers)
+                known.last, known.last_skip = read, self.skip
                 if not fresh:
                     known.reads += 1
             except FileNotFoundError:
