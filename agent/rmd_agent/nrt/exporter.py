@@ -156,6 +156,21 @@ def _same(a: Sequence[object], b: Sequence[object]) -> bool:
     return True
 
 
+async def _overlapped(work: Awaitable[NodeTopology], reads: Awaitable[None]) -> NodeTopology:
+    """`work`'s result once `reads` (API requests, in a worker thread) are done too: at the start they
+    overlap with computing the first topology instead of following it. If either fails, the other is
+    cancelled and the failure raised."""
+    reading = asyncio.ensure_future(reads)
+    try:
+        result = await work
+    except BaseException:
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        raise
+    await reading
+    return result
+
+
 def _annotations(topology: NodeTopology) -> dict[str, str]:
     """What every write sets besides the topology: the pods fingerprint where older schedulers look for it."""
     return {fingerprint.ANNOTATION: topology.attribute(fingerprint.ATTRIBUTE) or ""}
@@ -300,13 +315,14 @@ class NrtExporter:
                 next_resync = time.monotonic() + settings.nrt_resync_seconds
             last_refresh = time.monotonic()
             try:
-                topology = await self.snapshot(podres, None if verify else reasons)
+                if verify:  # read the Node and the object while the topology is computed
+                    topology = await _overlapped(self.snapshot(podres, None), publisher.read())
+                else:
+                    topology = await self.snapshot(podres, reasons)
                 if topology is self.last_topology and not verify:
                     self.last_outcome = "unchanged"  # as published (a resync checks the object itself)
                 else:
-                    self.last_outcome = await publisher.publish(
-                        topology, _annotations(topology), verify=verify
-                    )
+                    self.last_outcome = await publisher.publish(topology, _annotations(topology))
                     # An allocation changed (not a start or a repair): echo it, a burst re-arms the echo.
                     echo = change_pending and settings.nrt_requeue_seconds > 0
                     if echo and self.last_outcome != "unchanged":
@@ -351,8 +367,8 @@ class NrtExporter:
             if isinstance(numa, Unsupported):
                 raise TopologyUnavailable(str(numa))
             self._numa = numa
-        allocatable = await podres.get_allocatable()
-        pods = await podres.list()
+        # Both calls in flight at once: one round trip to the kubelet per refresh, not two.
+        allocatable, pods = await asyncio.gather(podres.get_allocatable(), podres.list())
         if L3 in stale or self._caches is None:
             self._caches = await self._l3()
         if QOS in stale or self._classes is None:
