@@ -104,6 +104,33 @@ async def test_a_directory_in_a_watched_one_is_awaited_without_polling(
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_a_directory_created_while_the_watches_are_set_up_is_not_missed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """device-plugins/ created after the look for it and before its parent's watch exists: no event will
+    tell, so the watches are rebuilt at once."""
+    kubelet = tmp_path / "var/lib/kubelet"
+    kubelet.mkdir(parents=True)
+    watch = triggers._Inotify.watch
+
+    def racing(self: triggers._Inotify, directory: Path) -> None:
+        (kubelet / "device-plugins").mkdir(exist_ok=True)
+        watch(self, directory)
+
+    monkeypatch.setattr(triggers._Inotify, "watch", racing)
+    trigger = RefreshTrigger()
+    task = asyncio.create_task(watch_kubelet_state(kubelet, trigger, NO_POLL))
+    try:
+        assert "kubelet-state:layout" in await fired(trigger)
+        await asyncio.sleep(0.1)
+        trigger.take()
+        write_atomically(kubelet / "device-plugins/kubelet_internal_checkpoint", "{}")
+        assert "kubelet-state:kubelet_internal_checkpoint" in await fired(trigger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_without_inotify_a_directory_that_appears_is_still_watched(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -196,6 +223,7 @@ async def test_pod_directory_entries_are_named_in_the_log(tmp_path: Path) -> Non
     try:
         await asyncio.sleep(0.1)
         trigger.take()
+        assert entries.take() is None  # before the watches were in place: a full read
         assert entries.take() == set()
         (logs / "ns_a_uid").mkdir()
         (cgroups / "poduid").mkdir()

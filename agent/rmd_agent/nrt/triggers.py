@@ -339,6 +339,11 @@ async def _watch_with_inotify(
         for directory in dirs:
             inotify.watch(directory)
         loop.add_reader(inotify.fd, on_readable)
+        # What came or went before the watches were in place is named nowhere: the next reading is a full one.
+        if entries is not None:
+            entries.lost()
+        if any(d.is_dir() for d in awaited):  # created between the caller's look and the watches
+            relayout.set()
         try:
             await relayout.wait()
         finally:
