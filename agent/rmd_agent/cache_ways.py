@@ -85,6 +85,8 @@ def device_holdings(pods: Iterable[PodResources]) -> dict[int, list[Holding]]:
     held: dict[int, list[Holding]] = defaultdict(list)
     for pod in pods:
         for container in pod.containers:
+            if not container.devices:
+                continue  # most containers: nothing to look at (this runs over every pod at every change)
             ids = {i for d in container.devices if d.resource == CACHE_WAYS_RESOURCE for i in d.ids}
             per_cache: dict[int, int] = defaultdict(int)
             for parsed in filter(None, map(parse_device_id, ids)):

@@ -112,6 +112,17 @@ def kubernetes_available(settings: AgentSettings) -> bool:
     return bool(settings.kubeconfig) or "KUBERNETES_SERVICE_HOST" in os.environ
 
 
+def _first_client(client: Any, factory: Callable[[], Any]) -> Callable[[], Any]:
+    """A factory giving `client` to its first caller and new clients after: the client made to check the
+    kubeconfig is not thrown away (making one, TLS context included, is several ms of the start)."""
+    made = [client]
+
+    def make() -> Any:
+        return made.pop() if made else factory()
+
+    return make
+
+
 class Companions:
     """The tasks around `engine`. `pods`: the agent's PodResources client, opened and closed by the caller."""
 
@@ -175,8 +186,8 @@ class Companions:
                 "NodeResourceTopology"
             )
             return
-        await asyncio.to_thread(create_api_client, settings)  # fail fast on an unusable kubeconfig
-        factory = api_client_factory(settings)
+        client = await asyncio.to_thread(create_api_client, settings)  # fail fast on an unusable kubeconfig
+        factory = _first_client(client, api_client_factory(settings))
         if settings.nrt_enabled:
             from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider  # noqa: PLC0415  # optional
 

@@ -123,6 +123,16 @@ class ObjectWriter:
         """The object as the API server last returned it (None when absent or not read yet)."""
         return self._current
 
+    async def read(self) -> None:
+        """Read the Node and the object now, as a verifying sync would, so that the next sync without verify
+        starts from them: the caller can overlap these round trips with computing what to write."""
+        try:
+            await self._read_node()
+            await self._refresh()
+        except Exception:
+            self._known = False
+            raise
+
     async def sync(self, build: Build | None, changes: Sequence[Desire], *, verify: bool = False) -> str:
         """Create the object when missing (with `build`), then make each of `changes` that the object needs,
         in order, each judged on the object as the previous one left it. Returns CREATED, UNCHANGED, ABSENT

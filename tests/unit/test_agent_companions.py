@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rmd_agent.companions import NotifyingEngine
+from rmd_agent.companions import NotifyingEngine, _first_client
 
 
 class FakeEngine:
@@ -76,3 +76,16 @@ async def test_a_summary_expires_and_a_failed_reading_is_not_kept() -> None:
         await engine.node()
     inner.fail = False
     assert await engine.node() == "summary 4"
+
+
+def test_the_client_that_checked_the_kubeconfig_is_the_first_one_handed_out() -> None:
+    made: list[object] = []
+
+    def factory() -> object:
+        made.append(object())
+        return made[-1]
+
+    checked = object()
+    clients = _first_client(checked, factory)
+    assert clients() is checked and made == []  # the NRT export's: no second client built at the start
+    assert clients() is made[0] and clients() is made[1]  # the others' own

@@ -37,14 +37,24 @@ class FakeKubelet:
 
 
 class FakePublisher:
-    """Records each publish (monotonic time, verify); fails the first `failures` calls."""
+    """Records each publish (monotonic time, verified: with verify, or right after read()); fails the first
+    `failures` calls."""
 
     def __init__(self, failures: int = 0) -> None:
         self.calls: list[tuple[float, bool]] = []
         self.failures = failures
+        self.reads = 0
+        self._read = False
 
-    async def publish(self, topology: NodeTopology, annotations: Mapping[str, str], *, verify: bool) -> str:
-        self.calls.append((time.monotonic(), verify))
+    async def read(self) -> None:
+        self.reads += 1
+        self._read = True
+
+    async def publish(
+        self, topology: NodeTopology, annotations: Mapping[str, str], *, verify: bool = False
+    ) -> str:
+        self.calls.append((time.monotonic(), verify or self._read))
+        self._read = False
         if self.failures:
             self.failures -= 1
             raise RuntimeError("API server unavailable")
@@ -114,9 +124,19 @@ async def test_a_burst_of_triggers_is_one_refresh_after_the_interval(host: Path)
     assert publisher.calls[1][0] - publisher.calls[0][0] >= 0.3 - 0.01
 
 
-async def test_refreshes_are_never_closer_than_the_interval(host: Path) -> None:
+async def test_refreshes_are_never_closer_than_the_interval(
+    host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     exp = exporter(host, nrt_min_write_interval_seconds=0.1, nrt_resync_seconds=600.0)
     publisher = FakePublisher()
+    started: list[float] = []  # when each refresh began (its publish follows by however long it took)
+    snapshot = exp.snapshot
+
+    async def timed(*args: Any) -> NodeTopology:
+        started.append(time.monotonic())
+        return await snapshot(*args)
+
+    monkeypatch.setattr(exp, "snapshot", timed)
     task = await run_loop(exp, publisher, ChangingKubelet())
     try:
         deadline = time.monotonic() + 0.7
@@ -125,9 +145,40 @@ async def test_refreshes_are_never_closer_than_the_interval(host: Path) -> None:
             await asyncio.sleep(0.003)
     finally:
         await stop(exp, task)
-    times = [t for t, _ in publisher.calls]
-    assert 3 <= len(times) <= 8
-    assert all(b - a >= 0.1 - 0.01 for a, b in itertools.pairwise(times))
+    assert 3 <= len(publisher.calls) <= 8
+    assert all(b - a >= 0.1 - 0.01 for a, b in itertools.pairwise(started))
+
+
+async def test_the_api_is_read_while_the_first_topology_is_computed(host: Path) -> None:
+    """The start's reads of the Node and the object overlap with reading the kubelet (each here waits for
+    the other to have begun), so the first object is not one round trip after another; a failed read
+    fails that refresh, which is retried."""
+    exp = exporter(host, nrt_resync_seconds=600.0)
+    reading, listing = asyncio.Event(), asyncio.Event()
+
+    class Publisher(FakePublisher):
+        async def read(self) -> None:
+            reading.set()
+            await asyncio.wait_for(listing.wait(), 5)
+            if self.reads == 0:
+                self.reads += 1
+                raise OSError("connection refused")
+            await super().read()
+
+    class Kubelet(FakeKubelet):
+        async def list(self) -> list[PodResources]:
+            listing.set()
+            await asyncio.wait_for(reading.wait(), 2)
+            return []
+
+    publisher = Publisher()
+    task = await run_loop(exp, publisher, Kubelet())
+    try:
+        await until(lambda: len(publisher.calls) == 1)
+    finally:
+        await stop(exp, task)
+    assert exp.failures == 1 and publisher.reads == 2
+    assert publisher.calls[0][1]  # published right after its own read
 
 
 async def test_resync_verifies_periodically_without_triggers(host: Path) -> None:
@@ -161,9 +212,16 @@ class WritingPublisher:
     def __init__(self) -> None:
         self.calls: list[tuple[float, bool, dict[str, str]]] = []
         self.held: tuple[NodeTopology, dict[str, str]] | None = None
+        self._read = False
 
-    async def publish(self, topology: NodeTopology, annotations: Mapping[str, str], *, verify: bool) -> str:
-        self.calls.append((time.monotonic(), verify, dict(annotations)))
+    async def read(self) -> None:
+        self._read = True
+
+    async def publish(
+        self, topology: NodeTopology, annotations: Mapping[str, str], *, verify: bool = False
+    ) -> str:
+        self.calls.append((time.monotonic(), verify or self._read, dict(annotations)))
+        self._read = False
         merged = {**(self.held[1] if self.held else {}), **annotations}
         if self.held == (topology, merged):
             return "unchanged"
@@ -232,9 +290,12 @@ async def test_a_burst_of_changes_is_echoed_once_after_the_last(host: Path) -> N
 class OnceRefusingPublisher(WritingPublisher):
     """Refuses the second publish (the first change's write), as an API server hiccup would."""
 
-    async def publish(self, topology: NodeTopology, annotations: Mapping[str, str], *, verify: bool) -> str:
+    async def publish(
+        self, topology: NodeTopology, annotations: Mapping[str, str], *, verify: bool = False
+    ) -> str:
         if len(self.calls) == 1:
-            self.calls.append((time.monotonic(), verify, dict(annotations)))
+            self.calls.append((time.monotonic(), verify or self._read, dict(annotations)))
+            self._read = False
             raise OSError("connection reset")
         return await super().publish(topology, annotations, verify=verify)
 

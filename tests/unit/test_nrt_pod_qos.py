@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -14,14 +15,21 @@ import pytest
 
 from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.podresources import AllocatableResources, ContainerResources, PodResources
-from rmd_agent.nrt import fingerprint
+from rmd_agent.nrt import fingerprint, pod_qos
 from rmd_agent.nrt.exporter import NrtExporter
-from rmd_agent.nrt.pod_qos import KubeletPodQoS, join_pod_qos, list_pod_cgroups, list_pod_log_dirs
+from rmd_agent.nrt.pod_qos import (
+    KubeletPodQoS,
+    join_pod_qos,
+    list_pod_cgroups,
+    list_pod_log_dirs,
+    pod_directories,
+)
+from rmd_agent.nrt.triggers import EntryLog
 from rmd_agent.power.cgroup_paths import QoS
 from rmd_agent.power.pod_meta import PodMeta
 from rmd_agent.settings import AgentSettings
 from rmd_sim.hosttree import write_host_tree
-from rmd_sim.kubelet import ContainerSpec, SimKubelet
+from rmd_sim.kubelet import ContainerSpec, SimKubelet, pod_cgroup_dirs
 from rmd_sim.load import SimLoad
 from rmd_sim.spec import NodeSpec
 
@@ -75,6 +83,107 @@ def test_classes_of_the_simulated_kubelets_pods(tmp_path: Path, version: int, dr
     assert reading.classes == EXPECTED
     kubelet.remove_pod(UIDS["bu"])
     assert KubeletPodQoS(HostFS(root)).read().classes == {k: v for k, v in EXPECTED.items() if k[1] != "bu"}
+
+
+def listings(fs: HostFS) -> dict[Path, set[str]]:
+    """The watched pod directories' entries (nrt/pod_qos.py pod_directories), by absolute path."""
+    dirs = pod_directories(fs)
+    assert isinstance(dirs, list)
+    return {fs.path(d): set(os.listdir(fs.path(d))) if fs.is_dir(d) else set() for d in dirs}
+
+
+def came_or_went(before: dict[Path, set[str]], after: dict[Path, set[str]]) -> set[Path]:
+    """What inotify names between two listings: every entry that came or went."""
+    return {d / name for d in after for name in before[d] ^ after[d]}
+
+
+def no_listing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def listed(*_: object) -> None:
+        raise AssertionError("the pod directories were listed")
+
+    monkeypatch.setattr(pod_qos, "list_pod_cgroups", listed)
+    monkeypatch.setattr(pod_qos, "list_pod_log_dirs", listed)
+
+
+@pytest.mark.parametrize(("version", "driver"), [(2, "cgroupfs"), (1, "cgroupfs"), (2, "systemd")])
+def test_classes_are_updated_from_the_entries_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, version: int, driver: str
+) -> None:
+    """After a full read, the entries that came or went are enough (no directory listed) to get what a
+    full read would: pods started, pods gone, and a name whose live pods disagree on the class."""
+    root, kubelet = node(tmp_path, version, driver)
+    fs = HostFS(root)
+    qos = KubeletPodQoS(fs)
+    first = qos.read().classes
+    assert first == EXPECTED
+    unchanged = qos.update(set())
+    assert unchanged is not None and unchanged.classes is first  # nothing changed: the same dict
+
+    before = listings(fs)
+    kubelet.add_pod("ns", "new-gu", str(uuid.uuid5(uuid.NAMESPACE_DNS, "new-gu")), PODS["gu-int"])
+    kubelet.add_pod("ns", "new-be", str(uuid.uuid5(uuid.NAMESPACE_DNS, "new-be")), PODS["be"])
+    kubelet.remove_pod(UIDS["bu"])
+    # "gu" replaced by a BestEffort pod of the same name while the old one terminates: class unknown (the
+    # simulated kubelet holds one pod per name, so the new one's directories are made here)
+    replacement = str(uuid.uuid5(uuid.NAMESPACE_DNS, "gu-2"))
+    for directory in pod_cgroup_dirs(root, replacement, "BestEffort"):
+        directory.mkdir()
+    (root / f"var/log/pods/ns_gu_{replacement}").mkdir()
+    after = listings(fs)
+    monkeypatch.undo()
+    truth = KubeletPodQoS(fs).read().classes
+    assert ("ns", "gu") not in truth and truth[("ns", "new-gu")] is QoS.GUARANTEED
+    no_listing(monkeypatch)
+    updated = qos.update(came_or_went(before, after))
+    assert updated is not None and updated.classes == truth and updated.classes is not first
+    assert first == EXPECTED  # the earlier answer is not changed under its holder
+
+    before = listings(fs)
+    kubelet.remove_pod(UIDS["gu"])  # the old "gu" is gone: the new one's class shows
+    settled = qos.update(came_or_went(before, listings(fs)))
+    assert settled is not None and settled.classes[("ns", "gu")] is QoS.BESTEFFORT
+
+
+def test_an_update_needs_a_full_read_first(tmp_path: Path) -> None:
+    root, _ = node(tmp_path, 2, "cgroupfs")
+    qos = KubeletPodQoS(HostFS(root))
+    assert qos.update({root / "var/log/pods/ns_x_uid"}) is None
+    qos.read()
+    assert qos.update({tmp_path / "elsewhere/poduid"}) is None  # not a directory the read listed
+
+
+async def test_the_exporter_reads_only_the_named_pods_after_a_pod_event(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A refresh woken by pod directory events updates the classes from the entries the watches named; a
+    resync (reasons None) and a change seen unnamed read them all."""
+    root, kubelet = node(tmp_path, 2, "cgroupfs")
+    held = [ContainerResources("c", frozenset())]
+
+    class Kubelet:
+        async def get_allocatable(self) -> AllocatableResources:
+            return AllocatableResources(frozenset(range(8)))
+
+        async def list(self) -> list[PodResources]:
+            return [PodResources(p.namespace, p.name, tuple(held)) for p in kubelet.pods]
+
+    exporter = NrtExporter(AgentSettings(node_name="n1", host_root=root), api_client_factory=lambda: None)
+    entries: EntryLog = exporter._pod_entries
+    await exporter.snapshot(Kubelet())  # type: ignore[arg-type]  # the first reading: in full
+    fs = HostFS(root)
+    before = listings(fs)
+    kubelet.add_pod("ns", "late-gu", str(uuid.uuid5(uuid.NAMESPACE_DNS, "late")), PODS["gu"])
+    for entry in came_or_went(before, listings(fs)):
+        entries.add(entry)
+    no_listing(monkeypatch)
+    topology = await exporter.snapshot(Kubelet(), {"pods:/x"})  # type: ignore[arg-type]
+    counted = [("ns", "gu"), ("ns", "gu-int"), ("ns", "late-gu")]
+    assert topology.attribute(fingerprint.ATTRIBUTE) == fingerprint.fingerprint(counted)
+    entries.lost()
+    with pytest.raises(AssertionError, match="listed"):
+        await exporter.snapshot(Kubelet(), {"pods:/x"})  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match="listed"):
+        await exporter.snapshot(Kubelet(), None)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("version", [1, 2])

@@ -13,6 +13,7 @@ from rmd_agent.errors import KubeletUnavailable
 from rmd_agent.kubelet.podresources import ContainerResources, PodResources
 from rmd_agent.nrt import triggers
 from rmd_agent.nrt.triggers import (
+    EntryLog,
     RefreshTrigger,
     poll_pod_qos,
     poll_pod_resources,
@@ -71,6 +72,87 @@ async def test_the_device_plugin_directory_is_watched_once_it_appears(
     assert "kubelet-state:kubelet_internal_checkpoint" in await fired(trigger)
 
 
+async def test_a_directory_in_a_watched_one_is_awaited_without_polling(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """device-plugins/ absent (no device plugin ever registered): the kubelet directory's inotify watch sees
+    it created, so nothing is polled while the exporter idles (a stat every interval did before)."""
+    stamps: list[Path] = []
+    real_stamp = triggers._stamp
+
+    def counted(path: Path) -> tuple[int, int, int] | None:
+        stamps.append(path)
+        return real_stamp(path)
+
+    monkeypatch.setattr(triggers, "_stamp", counted)
+    kubelet = tmp_path / "var/lib/kubelet"
+    kubelet.mkdir(parents=True)
+    trigger = RefreshTrigger()
+    task = asyncio.create_task(watch_kubelet_state(kubelet, trigger, POLL))
+    try:
+        await quiet(trigger, 10 * POLL)
+        assert stamps == []
+        (kubelet / "device-plugins").mkdir()
+        assert "kubelet-state:layout" in await fired(trigger)
+        await asyncio.sleep(0.1)
+        trigger.take()
+        write_atomically(kubelet / "device-plugins/kubelet_internal_checkpoint", "{}")
+        assert "kubelet-state:kubelet_internal_checkpoint" in await fired(trigger)
+        assert stamps == []
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_directory_created_while_the_watches_are_set_up_is_not_missed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """device-plugins/ created after the look for it and before its parent's watch exists: no event will
+    tell, so the watches are rebuilt at once."""
+    kubelet = tmp_path / "var/lib/kubelet"
+    kubelet.mkdir(parents=True)
+    watch = triggers._Inotify.watch
+
+    def racing(self: triggers._Inotify, directory: Path) -> None:
+        (kubelet / "device-plugins").mkdir(exist_ok=True)
+        watch(self, directory)
+
+    monkeypatch.setattr(triggers._Inotify, "watch", racing)
+    trigger = RefreshTrigger()
+    task = asyncio.create_task(watch_kubelet_state(kubelet, trigger, NO_POLL))
+    try:
+        assert "kubelet-state:layout" in await fired(trigger)
+        await asyncio.sleep(0.1)
+        trigger.take()
+        write_atomically(kubelet / "device-plugins/kubelet_internal_checkpoint", "{}")
+        assert "kubelet-state:kubelet_internal_checkpoint" in await fired(trigger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_without_inotify_a_directory_that_appears_is_still_watched(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def no_inotify() -> None:
+        raise triggers.InotifyUnavailable("not here")
+
+    monkeypatch.setattr(triggers, "_Inotify", no_inotify)
+    trigger = RefreshTrigger()
+    task = asyncio.create_task(watch_kubelet_state(tmp_path, trigger, POLL))
+    try:
+        await asyncio.sleep(3 * POLL)
+        (tmp_path / "device-plugins").mkdir()
+        await fired(trigger)
+        await asyncio.sleep(3 * POLL)
+        trigger.take()
+        write_atomically(tmp_path / "device-plugins/kubelet_internal_checkpoint", "{}")
+        assert "kubelet-state:kubelet_internal_checkpoint" in await fired(trigger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_without_inotify_the_files_are_polled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def no_inotify() -> None:
         raise triggers.InotifyUnavailable("not here")
@@ -124,6 +206,36 @@ async def test_pod_directories_fire_when_an_entry_comes_or_goes(tmp_path: Path) 
         await fired(trigger)
         (cgroups / "kubepods-poduid.slice").rmdir()
         await fired(trigger)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_pod_directory_entries_are_named_in_the_log(tmp_path: Path) -> None:
+    """Each entry that comes or goes is noted by its path; the log is incomplete at first, and again after
+    anything that may have missed one (watches rebuilt)."""
+    logs, cgroups = tmp_path / "var/log/pods", tmp_path / "kubepods"
+    logs.mkdir(parents=True)
+    cgroups.mkdir()
+    trigger, entries = RefreshTrigger(), EntryLog()
+    assert entries.take() is None  # nothing read yet: read everything
+    task = asyncio.create_task(watch_pod_directories([logs, cgroups], trigger, NO_POLL, entries))
+    try:
+        await asyncio.sleep(0.1)
+        trigger.take()
+        assert entries.take() is None  # before the watches were in place: a full read
+        assert entries.take() == set()
+        (logs / "ns_a_uid").mkdir()
+        (cgroups / "poduid").mkdir()
+        await fired(trigger)
+        await asyncio.sleep(0.05)
+        assert entries.take() == {logs / "ns_a_uid", cgroups / "poduid"}
+        (cgroups / "poduid").rmdir()
+        await fired(trigger)
+        assert entries.take() == {cgroups / "poduid"}
+        cgroups.rename(tmp_path / "moved")  # the watches are rebuilt: what happened meanwhile is unnamed
+        assert "pods:layout" in await fired(trigger)
+        assert entries.take() is None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

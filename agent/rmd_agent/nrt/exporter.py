@@ -17,8 +17,9 @@ refresh waits or runs are coalesced into the next one, and refreshes are at leas
 `nrt_min_write_interval_seconds` apart, which bounds the write rate.
 
 A refresh reads again only what its reasons may have changed (`stale_inputs`): PodResources always (the
-client reuses the objects of an unchanged answer), the pods' QoS classes after a pod directory event, the
-L3 provider after a poke, sysfs NUMA nodes only at a resync; the kubelet config when its file changed.
+client reuses the objects of an unchanged answer), the pods' QoS classes after a pod directory event (only
+the entries the watches named, all of them at a resync or when a change went unnamed), the L3 provider
+after a poke, sysfs NUMA nodes only at a resync; the kubelet config when its file changed.
 When nothing it read changed, the last topology is kept and nothing is computed or published.
 """
 
@@ -42,6 +43,7 @@ from rmd_agent.nrt import fingerprint
 from rmd_agent.nrt.pod_qos import KubeletPodQoS, pod_directories
 from rmd_agent.nrt.publisher import NrtPublisher
 from rmd_agent.nrt.triggers import (
+    EntryLog,
     RefreshTrigger,
     poll_pod_qos,
     poll_pod_resources,
@@ -154,6 +156,21 @@ def _same(a: Sequence[object], b: Sequence[object]) -> bool:
     return True
 
 
+async def _overlapped(work: Awaitable[NodeTopology], reads: Awaitable[None]) -> NodeTopology:
+    """`work`'s result once `reads` (API requests, in a worker thread) are done too: at the start they
+    overlap with computing the first topology instead of following it. If either fails, the other is
+    cancelled and the failure raised."""
+    reading = asyncio.ensure_future(reads)
+    try:
+        result = await work
+    except BaseException:
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        raise
+    await reading
+    return result
+
+
 def _annotations(topology: NodeTopology) -> dict[str, str]:
     """What every write sets besides the topology: the pods fingerprint where older schedulers look for it."""
     return {fingerprint.ANNOTATION: topology.attribute(fingerprint.ATTRIBUTE) or ""}
@@ -202,6 +219,7 @@ class NrtExporter:
         self._config_warned = False
         exclusive = settings.nrt_pods_fingerprint_method == fingerprint.METHOD_EXCLUSIVE
         self.pod_qos = KubeletPodQoS(self.fs, settings.kubelet_config) if exclusive else None
+        self._pod_entries = EntryLog()  # pod directory entries seen since the classes were read
         self._qos_problems: tuple[str, ...] = ()
         self._qos_unknown: set[fingerprint.PodKey] = set()  # pods logged as having no QoS class
         # What the last refresh read (kept between refreshes, see stale_inputs) and computed from it.
@@ -258,7 +276,8 @@ class NrtExporter:
         ]
         dirs = pod_directories(self.fs, settings.kubelet_config)
         if not isinstance(dirs, Unsupported):
-            watchers.append(watch_pod_directories([self.fs.path(d) for d in dirs], trigger, poll))
+            paths = [self.fs.path(d) for d in dirs]
+            watchers.append(watch_pod_directories(paths, trigger, poll, self._pod_entries))
             return watchers
         log.info("pod directories not found (%s): polling PodResources every %gs instead", dirs, poll)
         watchers.append(poll_pod_resources(podres.list, trigger, poll))
@@ -296,13 +315,14 @@ class NrtExporter:
                 next_resync = time.monotonic() + settings.nrt_resync_seconds
             last_refresh = time.monotonic()
             try:
-                topology = await self.snapshot(podres, None if verify else reasons)
+                if verify:  # read the Node and the object while the topology is computed
+                    topology = await _overlapped(self.snapshot(podres, None), publisher.read())
+                else:
+                    topology = await self.snapshot(podres, reasons)
                 if topology is self.last_topology and not verify:
                     self.last_outcome = "unchanged"  # as published (a resync checks the object itself)
                 else:
-                    self.last_outcome = await publisher.publish(
-                        topology, _annotations(topology), verify=verify
-                    )
+                    self.last_outcome = await publisher.publish(topology, _annotations(topology))
                     # An allocation changed (not a start or a repair): echo it, a burst re-arms the echo.
                     echo = change_pending and settings.nrt_requeue_seconds > 0
                     if echo and self.last_outcome != "unchanged":
@@ -347,12 +367,12 @@ class NrtExporter:
             if isinstance(numa, Unsupported):
                 raise TopologyUnavailable(str(numa))
             self._numa = numa
-        allocatable = await podres.get_allocatable()
-        pods = await podres.list()
+        # Both calls in flight at once: one round trip to the kubelet per refresh, not two.
+        allocatable, pods = await asyncio.gather(podres.get_allocatable(), podres.list())
         if L3 in stale or self._caches is None:
             self._caches = await self._l3()
         if QOS in stale or self._classes is None:
-            self._classes = self._read_pod_classes()
+            self._classes = self._read_pod_classes(full=reasons is None)
         config = self._kubelet_config(force=reasons is None)
         inputs = (self._numa, allocatable, pods, self._caches, self._classes, config)
         if self._computed is not None and _same(inputs, self._computed[0]):
@@ -369,12 +389,15 @@ class NrtExporter:
         self._computed = (inputs, topology)
         return topology
 
-    def _read_pod_classes(self) -> dict[fingerprint.PodKey, QoS]:
-        """The QoS classes of the pods (with-exclusive-resources only); an unreadable source is logged once
-        as a warning."""
+    def _read_pod_classes(self, full: bool) -> dict[fingerprint.PodKey, QoS]:
+        """The QoS classes of the pods (with-exclusive-resources only): updated from the pod directory entries
+        the watches named since the last reading, read in full when `full`, when one may be missing or
+        nothing was read yet. An unreadable source is logged once as a warning."""
         if self.pod_qos is None:
             return {}
-        reading = self.pod_qos.read()
+        entries = self._pod_entries.take()
+        update = None if full or entries is None else self.pod_qos.update(entries)
+        reading = update if update is not None else self.pod_qos.read()
         if reading.problems and reading.problems != self._qos_problems:
             log.warning(
                 "pod QoS classes unknown (%s): the pod fingerprint may not match the scheduler's for "

@@ -124,6 +124,11 @@ class NrtPublisher:
         """Creates and replaces, for metrics and tests."""
         return self._object.writes
 
+    async def read(self) -> None:
+        """Read the Node and the object now (what `verify` does), for a publish without verify right after:
+        the exporter overlaps these requests with computing the topology."""
+        await self._object.read()
+
     async def publish(
         self, topology: NodeTopology, annotations: Mapping[str, str] | None = None, *, verify: bool = False
     ) -> str:

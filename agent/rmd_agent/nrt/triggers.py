@@ -10,6 +10,11 @@
   admission, but only pods with exclusive resources change a state file; every pod gets a cgroup and a log
   directory when it starts and loses them when it is gone, and that is also when its QoS class (for the
   with-exclusive-resources fingerprint) becomes known.
+  Each entry's path is also noted in an `EntryLog`, so the exporter reads the QoS classes of just those
+  pods again (nrt/pod_qos.py `update`).
+* A directory that does not exist yet (no device plugin ever registered: `device-plugins`) is awaited by the
+  inotify watch of its parent when that is watched anyway, and polled only otherwise: a 2 s stat poll of
+  such a directory was a fifth of an idle exporter's wake-ups.
 * Only where those directories cannot be found (no kubelet pod cgroup under the host's /sys/fs/cgroup),
   PodResources `List` and the pods' QoS classes are polled instead and compared by content. Polling List
   was most of an idle exporter's CPU (a List of 500 pods, every 2 s).
@@ -78,6 +83,28 @@ class RefreshTrigger:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._event.wait(), seconds)
         return self.take()
+
+
+class EntryLog:
+    """The directory entries that came or went since the last take(), for updating what was read from them
+    instead of reading it all again. Incomplete (take() None: read it all) until the first take(), and
+    whenever a change was seen without its name (polling, a queue overflow, the watches rebuilt)."""
+
+    def __init__(self) -> None:
+        self._entries: set[Path] = set()
+        self._complete = False
+
+    def add(self, entry: Path) -> None:
+        self._entries.add(entry)
+
+    def lost(self) -> None:
+        self._complete = False
+
+    def take(self) -> set[Path] | None:
+        """The entries noted since the last take, or None when some change may be missing from them."""
+        entries = self._entries if self._complete else None
+        self._entries, self._complete = set(), True
+        return entries
 
 
 # --- inotify -----------------------------------------------------------------------------------------------
@@ -165,8 +192,10 @@ async def _poll(
     fire: Callable[[str], None],
     interval: float,
     until: Callable[[], bool],
+    entries: EntryLog | None = None,
 ) -> None:
-    """Fire a probe's reason when its answer changes; return once `until()` holds."""
+    """Fire a probe's reason when its answer changes (what changed is not named: `entries` is told so);
+    return once `until()` holds."""
     last = {reason: probe() for reason, probe in probes.items()}
     while not until():
         await asyncio.sleep(interval)
@@ -174,6 +203,8 @@ async def _poll(
             now = probe()
             if now != last[reason]:
                 last[reason] = now
+                if entries is not None:
+                    entries.lost()
                 fire(reason)
 
 
@@ -204,37 +235,49 @@ async def watch_kubelet_state(
     await watch_directories(_watched(Path(kubelet_dir), files), trigger, poll_interval, "kubelet-state")
 
 
-async def watch_pod_directories(dirs: Iterable[Path], trigger: RefreshTrigger, poll_interval: float) -> None:
+async def watch_pod_directories(
+    dirs: Iterable[Path], trigger: RefreshTrigger, poll_interval: float, entries: EntryLog | None = None
+) -> None:
     """Fire `trigger` ("pods") whenever an entry comes or goes in one of `dirs`: the kubelet's pod cgroups
-    and pod log directories, which appear when a pod starts and go when it is gone. Until cancelled."""
-    await watch_directories(dict.fromkeys(dirs), trigger, poll_interval, "pods")
+    and pod log directories, which appear when a pod starts and go when it is gone; each entry (its path)
+    is noted in `entries`. Until cancelled."""
+    await watch_directories(dict.fromkeys(dirs), trigger, poll_interval, "pods", entries)
 
 
 async def watch_directories(
-    dirs: Watched, trigger: RefreshTrigger, poll_interval: float, prefix: str
+    dirs: Watched,
+    trigger: RefreshTrigger,
+    poll_interval: float,
+    prefix: str,
+    entries: EntryLog | None = None,
 ) -> None:
-    """The watches of watch_kubelet_state and watch_pod_directories; reasons start with `prefix`."""
+    """The watches of watch_kubelet_state and watch_pod_directories; reasons start with `prefix`.
+
+    An absent directory whose parent is watched is awaited by that watch (its creation rebuilds the
+    watches); others are polled until one appears."""
     while True:
         present = {d: names for d, names in dirs.items() if d.is_dir()}
         absent = {d: names for d, names in dirs.items() if d not in present}
+        unwatched = {d: names for d, names in absent.items() if d.parent not in present}
         tasks = []
         if present:
-            awaited = frozenset(absent)
-            tasks.append(
-                asyncio.create_task(_watch_present(present, trigger, poll_interval, awaited, prefix))
+            watch = _watch_present(
+                present, trigger, poll_interval, frozenset(absent), prefix, entries=entries
             )
-        if absent:
-            tasks.append(
-                asyncio.create_task(
-                    _poll(_probes(absent, prefix), trigger.fire, poll_interval, until=_any_exists(absent))
-                )
+            tasks.append(asyncio.create_task(watch))
+        if unwatched:
+            poll = _poll(
+                _probes(unwatched, prefix), trigger.fire, poll_interval, _any_exists(unwatched), entries
             )
+            tasks.append(asyncio.create_task(poll))
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        if entries is not None:
+            entries.lost()
         trigger.fire(f"{prefix}:layout")
 
 
@@ -244,15 +287,22 @@ def _any_exists(dirs: Iterable[Path]) -> Callable[[], bool]:
 
 
 async def _watch_present(
-    dirs: Watched, trigger: RefreshTrigger, poll_interval: float, awaited: frozenset[Path], prefix: str
+    dirs: Watched,
+    trigger: RefreshTrigger,
+    poll_interval: float,
+    awaited: frozenset[Path],
+    prefix: str,
+    *,
+    entries: EntryLog | None = None,
 ) -> None:
-    """inotify on existing directories until one disappears or an awaited one appears in them; polling for
-    ever if inotify is unavailable."""
+    """inotify on existing directories until one disappears or an awaited one appears in them; if inotify
+    is unavailable, polling until an awaited one appears (for ever when none is awaited)."""
     try:
-        await _watch_with_inotify(dirs, trigger, awaited, prefix)
+        await _watch_with_inotify(dirs, trigger, awaited, prefix, entries)
     except InotifyUnavailable as exc:
         log.info("watching %s by polling every %gs: %s", prefix, poll_interval, exc)
-        await _poll(_probes(dirs, prefix), trigger.fire, poll_interval, until=lambda: False)
+        until = _any_exists(awaited) if awaited else lambda: False
+        await _poll(_probes(dirs, prefix), trigger.fire, poll_interval, until, entries)
 
 
 async def _watch_with_inotify(
@@ -260,6 +310,7 @@ async def _watch_with_inotify(
     trigger: RefreshTrigger,
     awaited: frozenset[Path] = frozenset(),
     prefix: str = "kubelet-state",
+    entries: EntryLog | None = None,
 ) -> None:
     """Returns when a watched directory goes away or one of `awaited` is created in a watched one (the
     watches must then be rebuilt); InotifyUnavailable if inotify cannot be used."""
@@ -272,10 +323,14 @@ async def _watch_with_inotify(
             names = dirs.get(directory) if directory is not None else frozenset()
             appeared = directory is not None and directory / name in awaited
             if mask & _IN_Q_OVERFLOW:
+                if entries is not None:
+                    entries.lost()
                 trigger.fire(f"{prefix}:overflow")
             elif mask & (_IN_DELETE_SELF | _IN_MOVE_SELF | _IN_IGNORED) or appeared:
                 relayout.set()
             elif names is None and mask & _ENTRY_CHANGED:
+                if entries is not None and directory is not None:
+                    entries.add(directory / name)
                 trigger.fire(f"{prefix}:{directory}")
             elif names is not None and name in names and mask & _FILE_CHANGED:
                 trigger.fire(f"{prefix}:{name}")
@@ -284,6 +339,11 @@ async def _watch_with_inotify(
         for directory in dirs:
             inotify.watch(directory)
         loop.add_reader(inotify.fd, on_readable)
+        # What came or went before the watches were in place is named nowhere: the next reading is a full one.
+        if entries is not None:
+            entries.lost()
+        if any(d.is_dir() for d in awaited):  # created between the caller's look and the watches
+            relayout.set()
         try:
             await relayout.wait()
         finally:
