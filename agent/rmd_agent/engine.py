@@ -34,6 +34,7 @@ from rmd_agent.capabilities import NodeCapabilities
 from rmd_agent.engine_api import (
     AppliedWorkload,
     CacheDomainSummary,
+    ChangeListener,
     ContainerCpus,
     EngineUnavailable,
     NodeSummary,
@@ -177,6 +178,8 @@ class NodeEngine:
         self._state = AgentState()
         self._layout: Layout | None = None  # None until the first change planned one
         self._rejected: Mapping[str, WorkloadRejected] = {}
+        self._listeners: list[ChangeListener] = []
+        self._readiness: tuple[bool, str] | None = None  # ready()'s last answer, to tell when it turns
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -232,6 +235,7 @@ class NodeEngine:
             changed = old != record or result.writes > 0 or self.pstate.params(workload.key) != before
             if changed:
                 log.info("applied %s (%d resctrl write(s))", workload.key, result.writes)
+                self._changed()
             return self._applied(record), changed
 
     async def remove(self, namespace: str, name: str, uid: str = "") -> bool:
@@ -243,6 +247,7 @@ class NodeEngine:
                 return False
             result = await self._change(self._state.without(key), None)
             log.info("removed %s (%d resctrl write(s))", key, result.writes)
+            self._changed()
             return True
 
     async def list(self) -> list[AppliedWorkload]:
@@ -290,6 +295,13 @@ class NodeEngine:
         return await self.containers.container_cpus(namespace, pod, uid, container)
 
     async def ready(self) -> tuple[bool, str]:
+        answer = await self._ready()
+        if answer != self._readiness:
+            self._readiness = answer
+            self._changed()
+        return answer
+
+    async def _ready(self) -> tuple[bool, str]:
         if self._closed:
             return False, "closed"
         if not self._started:
@@ -330,6 +342,7 @@ class NodeEngine:
             log.error("workload %s from the registry cannot be enforced: %s", key, rejection.detail)
         self._reconciled = True
         self._not_ready = ""
+        self._changed()  # the layout, so the free ways, exists from here on
 
     async def _change(self, target: AgentState, must_accept: str | None) -> _Converged:
         """Converge and commit as one step that cancelling the caller cannot split: the worker thread
@@ -422,6 +435,18 @@ class NodeEngine:
         )
 
     # -- hooks -----------------------------------------------------------------------------------------------
+
+    def add_change_listener(self, listener: ChangeListener) -> None:
+        """ChangeNotifier: `listener()` after each apply or remove with an effect, each reconcile, and when
+        ready()'s answer turns (noticed when someone asks: the gRPC health refresh, the readiness probe)."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # one reader's bug must not fail the change that was made
+                log.exception("engine change listener failed")
 
     async def _save_originals(self, originals: Mapping[int, FreqLimits]) -> None:
         """PStateSync's save: the originals go into the state file with the registry they belong to."""

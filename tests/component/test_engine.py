@@ -730,6 +730,39 @@ async def test_ready_follows_the_mount(node: SimNode, start_engine: Any) -> None
         await engine.close()
 
 
+async def test_readers_are_told_of_every_change_and_of_nothing_else(node: SimNode) -> None:
+    """The device plugin and the RmdNodeState writer wait for these instead of re-reading resctrl."""
+    assert node.mount is not None
+    engine = NodeEngine(node.settings)
+    told: list[int] = []
+    engine.add_change_listener(lambda: told.append(1))
+    await engine.start()
+    try:
+        assert len(told) == 1  # the reconcile at start
+        await engine.ready()
+        told.clear()
+        await engine.apply(wl("a", SOCKET0[2:4], **cache(2, 2)))
+        assert len(told) == 1
+        await engine.apply(wl("a", SOCKET0[2:4], **cache(2, 2)))  # the same again: no change
+        await engine.remove("default", "absent")
+        await engine.ready()
+        await engine.list()
+        await engine.cache_domains()
+        assert len(told) == 1
+        await engine.remove("default", "a")
+        assert len(told) == 2
+        node.mount.stop()
+        assert (await engine.ready())[0] is False
+        assert len(told) == 3  # readiness turned, noticed by whoever asked
+        await engine.ready()
+        assert len(told) == 3
+        node.mount.start()
+        assert await engine.ready() == (True, "")
+        assert len(told) == 4
+    finally:
+        await engine.close()
+
+
 async def test_start_unmounted_reconciles_once_mounted(node: SimNode) -> None:
     assert node.mount is not None
     engine = NodeEngine(node.settings)
