@@ -189,7 +189,7 @@ class CacheWaysPlugin:
         # within that first moment brings the ways back with it instead of one status period later (measured
         # on a real kubelet: 10.7 s with a 1 s check). So a new kubelet.sock is noticed at once (inotify on
         # the directory, else polled every watch_seconds), and a failed registration retried as often; a
-        # registered plugin otherwise does nothing (it was a stat every 0.1 s: a fifth of an idle agent's CPU).
+        # registered plugin otherwise does nothing (a stat every 0.1 s was a fifth of an idle agent's CPU).
         trigger = RefreshTrigger()
         watcher = asyncio.create_task(
             watch_directories({self.plugin_dir: None}, trigger, self.watch_seconds, "device-plugins")
