@@ -69,6 +69,10 @@ StepHook = Callable[[str], None]
 _T = TypeVar("_T")
 
 RDT_CPU_FLAGS = frozenset({"rdt_a", "cat_l3"})
+# The capability probe (sysfs of every CPU, a PodResources List, the kubelet's configuration) is the dearest
+# read of the node summary and its findings hardly change while the agent runs: probed again at most this
+# often, and when readiness turns (resctrl mounted or unmounted).
+CAPABILITIES_TTL_S = 300.0
 STATUS_OK = "Successful"
 
 
@@ -168,7 +172,7 @@ class NodeEngine:
         self.pods = pods or pod_resources_client(settings)
         lookup = PodLookup(self.pods)  # Get, or List where the kubelet has no Get
         self.containers = ContainerCpuLookup(lookup, self.fs, settings.kubelet_dir)
-        self.capabilities = NodeCapabilities(settings, lookup)
+        self.capabilities = NodeCapabilities(settings, lookup, ttl=CAPABILITIES_TTL_S)
         self._step_hook = step_hook
         self._lock = asyncio.Lock()
         self._started = False
@@ -199,6 +203,7 @@ class NodeEngine:
                 self._started = True
                 with contextlib.suppress(EngineUnavailable):
                     await self._try_reconcile()
+                    self._readiness = (True, "")  # what ready() answers now, as the probe above saw it
             except BaseException:
                 self._started = False
                 await self.pstate.close()
@@ -297,6 +302,7 @@ class NodeEngine:
     async def ready(self) -> tuple[bool, str]:
         answer = await self._ready()
         if answer != self._readiness:
+            self.capabilities.expire()
             self._readiness = answer
             self._changed()
         return answer

@@ -50,6 +50,7 @@ from rmd_agent.state_store import (
 )
 from rmd_api.cpuset import format_cpu_list, parse_cpu_list
 from rmd_api.kubelet.checkpoint import CpuManagerState
+from rmd_api.node_state import RESCTRL_MOUNTED
 from rmd_sim import perf
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.kubelet import ContainerSpec, SimKubelet
@@ -761,6 +762,22 @@ async def test_readers_are_told_of_every_change_and_of_nothing_else(node: SimNod
         assert len(told) == 4
     finally:
         await engine.close()
+
+
+async def test_capabilities_follow_a_readiness_turn_at_once(node: SimNode, start_engine: Any) -> None:
+    """The probe is cached for minutes (it is the dearest read of the node summary), but not across resctrl
+    being unmounted or mounted again."""
+    assert node.mount is not None
+    engine = await start_engine(node)
+    assert (await engine.node()).capabilities[RESCTRL_MOUNTED][0] is True
+    node.mount.stop()
+    try:
+        await engine.ready()
+        assert (await engine.node()).capabilities[RESCTRL_MOUNTED][0] is False
+    finally:
+        node.mount.start()
+    await engine.ready()
+    assert (await engine.node()).capabilities[RESCTRL_MOUNTED][0] is True
 
 
 async def test_start_unmounted_reconciles_once_mounted(node: SimNode) -> None:
