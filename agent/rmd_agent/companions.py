@@ -105,6 +105,15 @@ class NotifyingEngine:
         caches: tuple[CacheDomainSummary, ...] = await domains()
         return caches
 
+    async def node_capabilities(self) -> dict[str, tuple[bool, str]]:
+        """The node's capabilities without its caches (engine.NodeEngine.node_capabilities); from the
+        summary for engines that cannot give them alone."""
+        capabilities = getattr(self.inner, "node_capabilities", None)
+        if capabilities is None:
+            return (await self.node()).capabilities
+        found: dict[str, tuple[bool, str]] = await capabilities()
+        return found
+
     async def container_cpus(self, namespace: str, pod: str, uid: str, container: str) -> ContainerCpus:
         return await self.inner.container_cpus(namespace, pod, uid, container)
 

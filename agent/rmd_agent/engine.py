@@ -274,6 +274,11 @@ class NodeEngine:
             workloads=len(self._state.workloads),
         )
 
+    async def node_capabilities(self) -> dict[str, tuple[bool, str]]:
+        """The capabilities of node() without reading resctrl: what the RmdNodeState publishes."""
+        self._require_started()
+        return await self.capabilities.current()
+
     async def cache_domains(self) -> tuple[CacheDomainSummary, ...]:
         """The caches of node() without the capabilities, whose probe is most of node()'s cost: what the
         NodeResourceTopology's cache ways need."""

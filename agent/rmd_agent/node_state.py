@@ -485,17 +485,22 @@ class NodeStateWriter:
         except Exception as exc:
             return exc
 
+    async def _caps(self) -> dict[str, tuple[bool, str]]:
+        return (await self.engine.node()).capabilities
+
     async def _observe(self) -> Observation:
         ready = await self._ask("ready()", self.engine.ready)
         if isinstance(ready, Exception):
             readiness = Readiness(False, ENGINE_UNAVAILABLE, str(ready) or type(ready).__name__)
         else:
             readiness = engine_readiness(*ready)
-        node = await self._ask("node()", self.engine.node)
+        # The capabilities alone where the engine gives them so: the node summary also reads resctrl.
+        alone = getattr(self.engine, "node_capabilities", None)
+        found = await (self._ask("node_capabilities()", alone) if alone else self._ask("node()", self._caps))
         listed = await self._ask("list()", self.engine.list)
-        for what, answer in (("node()", node), ("list()", listed)):
+        for what, answer in (("capabilities", found), ("list()", listed)):
             if isinstance(answer, Exception):
                 log.debug("engine %s failed: %s", what, answer)
-        capabilities = None if isinstance(node, Exception) else node.capabilities
+        capabilities = None if isinstance(found, Exception) else found
         workloads = None if isinstance(listed, Exception) else listed
         return readiness, capabilities, workloads

@@ -883,6 +883,8 @@ async def test_node_summary(node: SimNode, start_engine: Any) -> None:
     }
     assert by_id[1].free_ways["guaranteed"] == sizes.guaranteed
     assert summary.capabilities["rdtL3Cat"][0] and summary.capabilities["resctrlMounted"][0]
+    assert await engine.node_capabilities() == summary.capabilities  # what RmdNodeState asks, no resctrl read
+    assert await engine.cache_domains() == summary.caches
 
 
 @pytest.mark.parametrize("get_enabled", [True, False], ids=["get", "get-disabled"])
