@@ -43,9 +43,10 @@ class NotifyingEngine:
     """An engine that calls `on_change()` after every apply or remove that changed the node (and, when the
     engine is a ChangeNotifier, after every change it reports: reconciles, readiness turning; then
     `notifies_all`), and gives everyone who asks for the node's summary after the same change one reading of
-    it: the device plugin and the NodeResourceTopology export both ask right after every change, and reading
-    the node (its whole resctrl tree) is the dearest part of their work. A summary is reused for at most
-    `summary_max_age` seconds, so what changes without the agent (another tool's groups) still shows soon."""
+    it, since reading the node (its whole resctrl tree) is dear. (The companions ask for the parts they
+    need, `cache_domains` and `node_capabilities`, which the real engine gives without the rest.) A summary
+    is reused for at most `summary_max_age` seconds, so what changes without the agent (another tool's
+    groups) still shows soon."""
 
     def __init__(
         self, engine: ManagedEngine, on_change: Callable[[], None], *, summary_max_age: float = 1.0
