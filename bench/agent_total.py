@@ -20,7 +20,7 @@ difference from everything on. The figures are medians of the repetitions.
 
     python bench/agent_total.py [--pods 500] [--workloads 100] [--window 60] [--repeats 3] [--warmup 20]
                                 [--scrape-interval 15] [--parts all|none|power,nrt,...] [--profile SECONDS]
-                                [--json] [--keep]
+                                [--profile-off power,...] [--json] [--keep]
 
 Targets (issue #14 item 5): with everything on, agent CPU <= 2 % of one core and RSS <= 100 MiB (the peak,
 VmHWM, over the whole run, and so also the steady VmRSS). Exit status 1 if one is missed.
@@ -413,6 +413,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # Everything on is measured first and, when parts were, again after them: a drift of the
             # machine's load over the run then shows, and the baseline is the median of both.
             again = [ALL] if parts else []
+            profiled: dict[str, Any] = result.setdefault("profiles_part_off", {})
 
             async def restart_and_measure(part: Part) -> None:
                 await restart(node, part)
@@ -431,6 +432,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
             for part in [ALL, *[p for p in parts if p.workloads], *again]:
                 await restart_and_measure(part)
+                if args.profile and part.key in args.profile_off.split(",") and part.key not in profiled:
+                    # Diagnostics: where the rest of the agent's time goes once this part is off.
+                    progress(quiet, f"py-spy with {part.label} off, {args.profile:g} s")
+                    assert node.process is not None
+                    profiled[part.key] = await asyncio.to_thread(
+                        py_spy, node.process.pid, args.profile, workdir / f"py-spy-{part.key}-off.txt"
+                    )
                 if part is ALL and "checks" not in result:
                     result["checks"] = await asyncio.to_thread(
                         everything_on, node, runs[0]["last_scrape"], args.workloads
@@ -556,6 +564,11 @@ def report(result: Mapping[str, Any]) -> None:
         print(f"py-spy, everything on, {profile['samples']} samples in {profile['seconds']:g} s: {shares}")
     elif profile:
         print(f"py-spy: {profile['error']}")
+    labels = {p.key: p.label for p in PARTS} | {"grpc": "gRPC server", "other": "other (event loop, ...)"}
+    for key, off in (result.get("profiles_part_off") or {}).items():
+        if "shares" in off:
+            shares = ", ".join(f"{labels.get(k, k)} {v:.0%}" for k, v in off["shares"].items())
+            print(f"py-spy, {labels[key]} off, {off['samples']} samples in {off['seconds']:g} s: {shares}")
     for what, ok in result["checks"].items():
         print(f"check {what}: {'yes' if ok else 'NO'}")
     print(f"resctrl rule violations: {len(result['resctrl_rule_violations'])}")
@@ -583,6 +596,12 @@ def main() -> int:
         default=0.0,
         metavar="SECONDS",
         help="after the windows with everything on, py-spy the agent this long (needs py-spy on PATH)",
+    )
+    parser.add_argument(
+        "--profile-off",
+        default="",
+        metavar="PARTS",
+        help="with --profile, also py-spy the runs with these parts off (a comma list), after their windows",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")

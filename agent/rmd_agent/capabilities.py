@@ -21,6 +21,11 @@ class NodeCapabilities:
         self._probed_at = float("-inf")
         self._findings: dict[str, tuple[bool, str]] = {}
 
+    def expire(self) -> None:
+        """Probe again at the next current(): something the findings describe changed (resctrl mounted or
+        unmounted)."""
+        self._probed_at = float("-inf")
+
     async def refresh(self) -> None:
         """Probe now."""
         report = await probe_async(self.settings, lookup=self.lookup)

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from rmd_agent.engine_api import (
     AppliedWorkload,
     CacheDomainSummary,
+    ChangeNotifier,
     ContainerCpus,
     ManagedEngine,
     NodeSummary,
@@ -39,11 +40,13 @@ log = logging.getLogger(__name__)
 
 
 class NotifyingEngine:
-    """An engine that calls `on_change()` after every apply or remove that changed the node, and gives
-    everyone who asks for the node's summary after the same change one reading of it: the device plugin and
-    the NodeResourceTopology export both ask right after every change, and reading the node (its whole
-    resctrl tree) is the dearest part of their work. A summary is reused for at most `summary_max_age`
-    seconds, so what changes without the agent (another tool's groups) still shows soon."""
+    """An engine that calls `on_change()` after every apply or remove that changed the node (and, when the
+    engine is a ChangeNotifier, after every change it reports: reconciles, readiness turning; then
+    `notifies_all`), and gives everyone who asks for the node's summary after the same change one reading of
+    it, since reading the node (its whole resctrl tree) is dear. (The companions ask for the parts they
+    need, `cache_domains` and `node_capabilities`, which the real engine gives without the rest.) A summary
+    is reused for at most `summary_max_age` seconds, so what changes without the agent (another tool's
+    groups) still shows soon."""
 
     def __init__(
         self, engine: ManagedEngine, on_change: Callable[[], None], *, summary_max_age: float = 1.0
@@ -53,6 +56,9 @@ class NotifyingEngine:
         self.summary_max_age = summary_max_age
         self._changes = 0
         self._summary: tuple[int, float, asyncio.Future[NodeSummary]] | None = None
+        self.notifies_all = isinstance(engine, ChangeNotifier)
+        if isinstance(engine, ChangeNotifier):
+            engine.add_change_listener(self._changed)
 
     def _changed(self) -> None:
         self._changes += 1
@@ -66,13 +72,13 @@ class NotifyingEngine:
 
     async def apply(self, workload: Workload) -> tuple[AppliedWorkload, bool]:
         applied, changed = await self.inner.apply(workload)
-        if changed:
+        if changed and not self.notifies_all:
             self._changed()
         return applied, changed
 
     async def remove(self, namespace: str, name: str, uid: str = "") -> bool:
         found = await self.inner.remove(namespace, name, uid)
-        if found:
+        if found and not self.notifies_all:
             self._changed()
         return found
 
@@ -99,6 +105,15 @@ class NotifyingEngine:
             return (await self.node()).caches
         caches: tuple[CacheDomainSummary, ...] = await domains()
         return caches
+
+    async def node_capabilities(self) -> dict[str, tuple[bool, str]]:
+        """The node's capabilities without its caches (engine.NodeEngine.node_capabilities); from the
+        summary for engines that cannot give them alone."""
+        capabilities = getattr(self.inner, "node_capabilities", None)
+        if capabilities is None:
+            return (await self.node()).capabilities
+        found: dict[str, tuple[bool, str]] = await capabilities()
+        return found
 
     async def container_cpus(self, namespace: str, pod: str, uid: str, container: str) -> ContainerCpus:
         return await self.inner.container_cpus(namespace, pod, uid, container)
@@ -199,7 +214,9 @@ class Companions:
             from rmd_agent.node_state import NodeStateWriter, endpoint_from_settings  # noqa: PLC0415  # optional
 
             endpoint = endpoint_from_settings(settings.advertise_address, settings.grpc_listen, grpc_port)
-            writer = NodeStateWriter(settings, self.engine, factory, endpoint=endpoint)
+            writer = NodeStateWriter(
+                settings, self.engine, factory, endpoint=endpoint, poll_engine=not self.engine.notifies_all
+            )
             self._listeners.append(lambda: writer.notify("workloads changed"))
             self._stoppers.append(writer.stop)
             self._spawn("node-state", writer.run())

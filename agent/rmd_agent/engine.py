@@ -34,6 +34,7 @@ from rmd_agent.capabilities import NodeCapabilities
 from rmd_agent.engine_api import (
     AppliedWorkload,
     CacheDomainSummary,
+    ChangeListener,
     ContainerCpus,
     EngineUnavailable,
     NodeSummary,
@@ -68,6 +69,10 @@ StepHook = Callable[[str], None]
 _T = TypeVar("_T")
 
 RDT_CPU_FLAGS = frozenset({"rdt_a", "cat_l3"})
+# The capability probe (sysfs of every CPU, a PodResources List, the kubelet's configuration) is the dearest
+# read of the node summary and its findings hardly change while the agent runs: probed again at most this
+# often, and when readiness turns (resctrl mounted or unmounted).
+CAPABILITIES_TTL_S = 300.0
 STATUS_OK = "Successful"
 
 
@@ -167,7 +172,7 @@ class NodeEngine:
         self.pods = pods or pod_resources_client(settings)
         lookup = PodLookup(self.pods)  # Get, or List where the kubelet has no Get
         self.containers = ContainerCpuLookup(lookup, self.fs, settings.kubelet_dir)
-        self.capabilities = NodeCapabilities(settings, lookup)
+        self.capabilities = NodeCapabilities(settings, lookup, ttl=CAPABILITIES_TTL_S)
         self._step_hook = step_hook
         self._lock = asyncio.Lock()
         self._started = False
@@ -177,6 +182,8 @@ class NodeEngine:
         self._state = AgentState()
         self._layout: Layout | None = None  # None until the first change planned one
         self._rejected: Mapping[str, WorkloadRejected] = {}
+        self._listeners: list[ChangeListener] = []
+        self._readiness: tuple[bool, str] | None = None  # ready()'s last answer, to tell when it turns
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -196,6 +203,7 @@ class NodeEngine:
                 self._started = True
                 with contextlib.suppress(EngineUnavailable):
                     await self._try_reconcile()
+                    self._readiness = (True, "")  # what ready() answers now, as the probe above saw it
             except BaseException:
                 self._started = False
                 await self.pstate.close()
@@ -232,6 +240,7 @@ class NodeEngine:
             changed = old != record or result.writes > 0 or self.pstate.params(workload.key) != before
             if changed:
                 log.info("applied %s (%d resctrl write(s))", workload.key, result.writes)
+                self._changed()
             return self._applied(record), changed
 
     async def remove(self, namespace: str, name: str, uid: str = "") -> bool:
@@ -243,6 +252,7 @@ class NodeEngine:
                 return False
             result = await self._change(self._state.without(key), None)
             log.info("removed %s (%d resctrl write(s))", key, result.writes)
+            self._changed()
             return True
 
     async def list(self) -> list[AppliedWorkload]:
@@ -263,6 +273,11 @@ class NodeEngine:
             closids_used=0 if resctrl is None else 1 + len(resctrl.groups),
             workloads=len(self._state.workloads),
         )
+
+    async def node_capabilities(self) -> dict[str, tuple[bool, str]]:
+        """The capabilities of node() without reading resctrl: what the RmdNodeState publishes."""
+        self._require_started()
+        return await self.capabilities.current()
 
     async def cache_domains(self) -> tuple[CacheDomainSummary, ...]:
         """The caches of node() without the capabilities, whose probe is most of node()'s cost: what the
@@ -290,6 +305,14 @@ class NodeEngine:
         return await self.containers.container_cpus(namespace, pod, uid, container)
 
     async def ready(self) -> tuple[bool, str]:
+        answer = await self._ready()
+        if answer != self._readiness:
+            self.capabilities.expire()
+            self._readiness = answer
+            self._changed()
+        return answer
+
+    async def _ready(self) -> tuple[bool, str]:
         if self._closed:
             return False, "closed"
         if not self._started:
@@ -330,6 +353,7 @@ class NodeEngine:
             log.error("workload %s from the registry cannot be enforced: %s", key, rejection.detail)
         self._reconciled = True
         self._not_ready = ""
+        self._changed()  # the layout, so the free ways, exists from here on
 
     async def _change(self, target: AgentState, must_accept: str | None) -> _Converged:
         """Converge and commit as one step that cancelling the caller cannot split: the worker thread
@@ -422,6 +446,18 @@ class NodeEngine:
         )
 
     # -- hooks -----------------------------------------------------------------------------------------------
+
+    def add_change_listener(self, listener: ChangeListener) -> None:
+        """ChangeNotifier: `listener()` after each apply or remove with an effect, each reconcile, and when
+        ready()'s answer turns (noticed when someone asks: the gRPC health refresh, the readiness probe)."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # one reader's bug must not fail the change that was made
+                log.exception("engine change listener failed")
 
     async def _save_originals(self, originals: Mapping[int, FreqLimits]) -> None:
         """PStateSync's save: the originals go into the state file with the registry they belong to."""

@@ -8,9 +8,10 @@ Errors the engine raises on purpose: WorkloadRejected (invalid / capacity / conf
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rmd_agent.errors import AgentError
 from rmd_agent.plan.mba import MbaApplied
@@ -96,6 +97,19 @@ class Engine(Protocol):
 
     async def ready(self) -> tuple[bool, str]:
         """Whether the engine has reconciled with the node and can serve; the reason when not."""
+        ...
+
+
+ChangeListener = Callable[[], None]
+
+
+@runtime_checkable
+class ChangeNotifier(Protocol):
+    """An engine that tells when what it reports changed, so its readers need not poll it."""
+
+    def add_change_listener(self, listener: ChangeListener) -> None:
+        """Call `listener()` on the event loop after every change of what list(), node()'s caches and
+        ready() answer: a workload applied or removed with an effect, a reconcile, readiness turning."""
         ...
 
 

@@ -10,8 +10,11 @@ and the writes (repair of spec and owner, status patch) an object needs to match
 engine and hands these to kube_object_writer.ObjectWriter, which creates the object when missing (and again
 after a deletion; only while the Node exists) and writes only what differs from what the API server last
 returned, with the resourceVersion read as a precondition. A refresh that changes nothing costs no request;
-every node_state_resync_seconds it re-reads the object and the Node instead of trusting memory. At shutdown
-the object stays, with Ready=False: the operator must still see which workloads this node holds.
+every node_state_resync_seconds it re-reads the object and the Node instead of trusting memory. The engine
+is asked again when notify() says it changed and at each resync; an engine that does not promise a
+notification for every change (`poll_engine`) is also polled every ENGINE_POLL_SECONDS, and so is any
+engine while its last answer was a failure. At shutdown the object stays, with Ready=False: the operator
+must still see which workloads this node holds.
 """
 
 from __future__ import annotations
@@ -292,7 +295,7 @@ def _ready_of(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 # -- writer --------------------------------------------------------------------------------------------------
 
-ENGINE_POLL_SECONDS = 5.0  # re-asks the engine this often; costs no API request unless something changed
+ENGINE_POLL_SECONDS = 5.0  # re-asks a polled engine this often; costs no API request unless something changed
 ENGINE_TIMEOUT_SECONDS = 10.0
 FINAL_WRITE_SECONDS = 10.0  # at most this long at shutdown for the Ready=False write
 _T = TypeVar("_T")
@@ -308,6 +311,8 @@ class NodeStateWriter:
 
     `api_client_factory` makes the API client (kube.api_client_factory(settings) in production);
     `endpoint` overrides the one derived from settings (e.g. once the gRPC server knows its port).
+    `poll_engine` False: notify() is called after every change of the engine (companions.NotifyingEngine
+    over a ChangeNotifier engine), so a quiet node costs nothing between resyncs.
     notify() and stop() are called from the event loop run() runs on.
     """
 
@@ -319,6 +324,7 @@ class NodeStateWriter:
         *,
         endpoint: str | None = None,
         clock: Callable[[], datetime] = _utcnow,
+        poll_engine: bool = True,
     ) -> None:
         if not settings.node_name:
             raise ConfigError("node_name is required to publish the RmdNodeState")
@@ -337,6 +343,7 @@ class NodeStateWriter:
         self.namespace = settings.node_state_namespace
         self._factory = api_client_factory
         self._clock = clock
+        self.poll_engine = poll_engine
         self._wake = asyncio.Event()
         self._stopping = False
         self._verify_soon = False
@@ -409,8 +416,11 @@ class NodeStateWriter:
             self._wake.clear()
             verify = self._verify_soon or time.monotonic() >= next_verify
             self._verify_soon = False
+            engine_unwell = False
             try:
                 observed = await self._observe()
+                # Not ready or not answering: keep asking, it may recover without a change to notify.
+                engine_unwell = not observed[0].ready or observed[1] is None or observed[2] is None
                 # Owner and spec first: the status patch then carries the resourceVersion they left.
                 await writer.sync(self._build, [self._repair, self._status(observed)], verify=verify)
             except Exception as exc:
@@ -427,7 +437,9 @@ class NodeStateWriter:
                 if verify:
                     next_verify = time.monotonic() + resync
             self.syncs += 1
-            wait = backoff or min(ENGINE_POLL_SECONDS, max(0.0, next_verify - time.monotonic()))
+            wait = backoff or max(0.0, next_verify - time.monotonic())
+            if self.poll_engine or engine_unwell:
+                wait = min(wait, ENGINE_POLL_SECONDS)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
@@ -473,17 +485,22 @@ class NodeStateWriter:
         except Exception as exc:
             return exc
 
+    async def _caps(self) -> dict[str, tuple[bool, str]]:
+        return (await self.engine.node()).capabilities
+
     async def _observe(self) -> Observation:
         ready = await self._ask("ready()", self.engine.ready)
         if isinstance(ready, Exception):
             readiness = Readiness(False, ENGINE_UNAVAILABLE, str(ready) or type(ready).__name__)
         else:
             readiness = engine_readiness(*ready)
-        node = await self._ask("node()", self.engine.node)
+        # The capabilities alone where the engine gives them so: the node summary also reads resctrl.
+        alone = getattr(self.engine, "node_capabilities", None)
+        found = await (self._ask("node_capabilities()", alone) if alone else self._ask("node()", self._caps))
         listed = await self._ask("list()", self.engine.list)
-        for what, answer in (("node()", node), ("list()", listed)):
+        for what, answer in (("capabilities", found), ("list()", listed)):
             if isinstance(answer, Exception):
                 log.debug("engine %s failed: %s", what, answer)
-        capabilities = None if isinstance(node, Exception) else node.capabilities
+        capabilities = None if isinstance(found, Exception) else found
         workloads = None if isinstance(listed, Exception) else listed
         return readiness, capabilities, workloads

@@ -207,6 +207,21 @@ async def test_plugin_reregisters_after_a_kubelet_restart(kubelet: SimKubelet, p
         assert plugin.socket_path.exists()
 
 
+async def test_a_kubelet_restart_is_noticed_at_once_without_polling(kubelet: SimKubelet, pool: Pool) -> None:
+    """The directory is watched (inotify), not polled: with checks 30 s apart the plugin still registers
+    with a restarted kubelet at once, and an idle registered plugin does not wake up."""
+    assert kubelet.device_manager is not None
+    plugin = CacheWaysPlugin(pool, kubelet.device_manager.plugin_dir, watch_seconds=30.0)
+    async with running(plugin):
+        await eventually(lambda: plugin.registrations == 1 and ways_in_kubelet(kubelet), "registration")
+        await kubelet.stop()
+        await kubelet.start()
+        restarted = time.monotonic()
+        await eventually(lambda: plugin.registrations == 2, "a second registration")
+        assert time.monotonic() - restarted < 2.0
+        await eventually(lambda: len(ways_in_kubelet(kubelet)) == 6, "the devices again")
+
+
 async def test_a_plugin_that_goes_away_leaves_unhealthy_devices(kubelet: SimKubelet, pool: Pool) -> None:
     async with running(new_plugin(kubelet, pool)):
         await eventually(lambda: len(ways_in_kubelet(kubelet)) == 6, "6 ways")

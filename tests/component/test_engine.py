@@ -50,6 +50,7 @@ from rmd_agent.state_store import (
 )
 from rmd_api.cpuset import format_cpu_list, parse_cpu_list
 from rmd_api.kubelet.checkpoint import CpuManagerState
+from rmd_api.node_state import RESCTRL_MOUNTED
 from rmd_sim import perf
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.kubelet import ContainerSpec, SimKubelet
@@ -730,6 +731,55 @@ async def test_ready_follows_the_mount(node: SimNode, start_engine: Any) -> None
         await engine.close()
 
 
+async def test_readers_are_told_of_every_change_and_of_nothing_else(node: SimNode) -> None:
+    """The device plugin and the RmdNodeState writer wait for these instead of re-reading resctrl."""
+    assert node.mount is not None
+    engine = NodeEngine(node.settings)
+    told: list[int] = []
+    engine.add_change_listener(lambda: told.append(1))
+    await engine.start()
+    try:
+        assert len(told) == 1  # the reconcile at start
+        await engine.ready()
+        told.clear()
+        await engine.apply(wl("a", SOCKET0[2:4], **cache(2, 2)))
+        assert len(told) == 1
+        await engine.apply(wl("a", SOCKET0[2:4], **cache(2, 2)))  # the same again: no change
+        await engine.remove("default", "absent")
+        await engine.ready()
+        await engine.list()
+        await engine.cache_domains()
+        assert len(told) == 1
+        await engine.remove("default", "a")
+        assert len(told) == 2
+        node.mount.stop()
+        assert (await engine.ready())[0] is False
+        assert len(told) == 3  # readiness turned, noticed by whoever asked
+        await engine.ready()
+        assert len(told) == 3
+        node.mount.start()
+        assert await engine.ready() == (True, "")
+        assert len(told) == 4
+    finally:
+        await engine.close()
+
+
+async def test_capabilities_follow_a_readiness_turn_at_once(node: SimNode, start_engine: Any) -> None:
+    """The probe is cached for minutes (it is the dearest read of the node summary), but not across resctrl
+    being unmounted or mounted again."""
+    assert node.mount is not None
+    engine = await start_engine(node)
+    assert (await engine.node()).capabilities[RESCTRL_MOUNTED][0] is True
+    node.mount.stop()
+    try:
+        await engine.ready()
+        assert (await engine.node()).capabilities[RESCTRL_MOUNTED][0] is False
+    finally:
+        node.mount.start()
+    await engine.ready()
+    assert (await engine.node()).capabilities[RESCTRL_MOUNTED][0] is True
+
+
 async def test_start_unmounted_reconciles_once_mounted(node: SimNode) -> None:
     assert node.mount is not None
     engine = NodeEngine(node.settings)
@@ -833,6 +883,8 @@ async def test_node_summary(node: SimNode, start_engine: Any) -> None:
     }
     assert by_id[1].free_ways["guaranteed"] == sizes.guaranteed
     assert summary.capabilities["rdtL3Cat"][0] and summary.capabilities["resctrlMounted"][0]
+    assert await engine.node_capabilities() == summary.capabilities  # what RmdNodeState asks, no resctrl read
+    assert await engine.cache_domains() == summary.caches
 
 
 @pytest.mark.parametrize("get_enabled", [True, False], ids=["get", "get-disabled"])

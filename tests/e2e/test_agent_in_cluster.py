@@ -96,10 +96,13 @@ async def test_agent_publishes_its_node_and_serves_metrics(
                 ),
                 timeout=10,
             )
+        applied = time.monotonic()
         entry = await eventually(
             lambda: node_state().get("status", {}).get("workloads", {}).get("w1"),
             "the workload in RmdNodeState",
         )
+        # Told by the engine, not found by a poll: well within the 5 s the writer used to poll at.
+        assert time.monotonic() - applied < 2.0
         assert (entry["Core IDs"], entry["Cache Max"], entry["Status"]) == ("4-5", "2", "Successful")
 
         url = f"http://127.0.0.1:{node.http_port}/metrics"

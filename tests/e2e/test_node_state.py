@@ -24,6 +24,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rmd_agent import node_state
 from rmd_agent.engine_api import AppliedWorkload, ContainerCpus, EngineUnavailable, NodeSummary
 from rmd_agent.kube import api_client_factory
 from rmd_agent.node_state import GROUP, PLURAL, VERSION, NodeStateWriter
@@ -60,6 +61,7 @@ class FakeEngine:
         default_factory=lambda: {"rdtL3Cat": (True, "11 ways"), "rapl": (False, "no powercap in sysfs")}
     )
     failing: bool = False  # every call raises, as an engine that is shutting down
+    asked: int = 0  # ready() calls: one per refresh
 
     def _check(self) -> None:
         if self.failing:
@@ -83,6 +85,7 @@ class FakeEngine:
         return NodeSummary("n", dict(self.capabilities), 8, 1, (), 16, 1, len(self.workloads))
 
     async def ready(self) -> tuple[bool, str]:
+        self.asked += 1
         self._check()
         return self.readiness
 
@@ -221,8 +224,10 @@ def node_name(cluster: Cluster) -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def writing(settings: AgentSettings, engine: FakeEngine) -> AsyncIterator[NodeStateWriter]:
-    writer = NodeStateWriter(settings, engine, api_client_factory(settings))
+async def writing(
+    settings: AgentSettings, engine: FakeEngine, **options: Any
+) -> AsyncIterator[NodeStateWriter]:
+    writer = NodeStateWriter(settings, engine, api_client_factory(settings), **options)
     task = asyncio.create_task(writer.run())
     try:
         yield writer
@@ -349,6 +354,43 @@ async def test_status_is_written_only_when_it_changes(cluster: Cluster, node_nam
         removed = await eventually(without_gold, "the removed workload to go")
         assert set(removed["status"]["workloads"]) == {"batch", "late"}
         assert await wrote(writer, 4) == 4
+
+
+async def test_a_writer_told_of_every_change_asks_the_engine_only_then(
+    cluster: Cluster, node_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an engine that notifies every change (the agent's), a quiet node costs no engine reads between
+    resyncs; a change still shows at once, and an engine that is not ready is asked until it is."""
+    monkeypatch.setattr(node_state, "ENGINE_POLL_SECONDS", 0.05)
+    cluster.create_node(node_name)
+    engine = FakeEngine(two_workloads())
+    settings = cluster.settings(node_name, node_state_resync_seconds=600.0)
+    async with writing(settings, engine, poll_engine=False) as writer:
+        await published(cluster, node_name)
+        asked = engine.asked
+        await asyncio.sleep(1.0)
+        assert engine.asked == asked
+
+        engine.workloads.append(workload("late", wid="3", core_ids=frozenset({10})))
+        writer.notify("applied apps/late")
+        told = time.monotonic()
+
+        async def has_late() -> Obj | None:
+            obj = await cluster.get(node_name)
+            return obj if obj and "late" in obj["status"]["workloads"] else None
+
+        await eventually(has_late, "the new workload")
+        assert time.monotonic() - told < 1.0
+
+        engine.readiness = (False, "resctrl is not mounted")
+        writer.notify("readiness")
+        await published(cluster, node_name, "False", "EngineNotReady")
+        engine.readiness = (True, "")  # recovers without a notification: still asked, so it shows
+        await published(cluster, node_name)
+        await asyncio.sleep(0.3)
+        asked = engine.asked
+        await asyncio.sleep(0.5)
+        assert engine.asked == asked
 
 
 async def test_engine_not_ready_or_failing_shows_in_ready_and_keeps_the_workloads(

@@ -89,3 +89,36 @@ def test_the_client_that_checked_the_kubeconfig_is_the_first_one_handed_out() ->
     clients = _first_client(checked, factory)
     assert clients() is checked and made == []  # the NRT export's: no second client built at the start
     assert clients() is made[0] and clients() is made[1]  # the others' own
+
+
+class TellingEngine(FakeEngine):
+    """An engine that tells its listeners of its own changes (engine_api.ChangeNotifier), as NodeEngine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: list[Any] = []
+
+    def add_change_listener(self, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    async def apply(self, workload: Any) -> tuple[str, bool]:
+        applied, changed = await super().apply(workload)
+        if changed:
+            for listener in self.listeners:
+                listener()
+        return applied, changed
+
+
+@pytest.mark.asyncio
+async def test_changes_the_engine_makes_by_itself_notify_once_and_renew_the_summary() -> None:
+    inner, notified = TellingEngine(), []
+    engine = NotifyingEngine(inner, lambda: notified.append(1))  # type: ignore[arg-type]
+    assert engine.notifies_all
+    assert await engine.node() == "summary 1"
+    for listener in inner.listeners:  # e.g. a reconcile once resctrl is mounted again
+        listener()
+    assert notified == [1]
+    assert await engine.node() == "summary 2"
+    await engine.apply("new")  # type: ignore[arg-type]
+    assert notified == [1, 1]  # told by the engine, not a second time by the wrapper
+    assert not NotifyingEngine(FakeEngine(), lambda: None).notifies_all  # type: ignore[arg-type]

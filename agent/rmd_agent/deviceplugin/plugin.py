@@ -5,13 +5,15 @@ Lifecycle, as the kubelet expects of a plugin:
 
 * serve first, then register (the kubelet dials the plugin back while handling Register);
 * the kubelet wipes its device-plugins directory when it starts and creates a new `kubelet.sock`, so the
-  identity (inode, ctime) of `kubelet.sock` is watched: when it changes, or the plugin's own socket is gone,
-  the server is restarted on a fresh socket and the plugin registers again. A failed registration is
-  retried on the next check;
+  identity (inode, ctime) of `kubelet.sock` is checked whenever an entry of that directory comes or goes
+  (inotify; polled every `watch_seconds` where inotify cannot be used) and every `recheck_seconds`: when
+  it changed, or the plugin's own socket is gone, the server is restarted on a fresh socket and the plugin
+  registers again. A failed registration is retried every `watch_seconds`;
 * ListAndWatch sends the full device list at once and again whenever it changes. The list comes from an
-  async provider of WayPools (the guaranteed pool per L3 cache), read every `refresh_seconds` or at once
-  after `notify()`; a provider that fails keeps the last list (the ways are still there, the engine is
-  just busy or restarting).
+  async provider of WayPools (the guaranteed pool per L3 cache), read at once after `notify()` (the agent
+  calls it after every change of its engine) and every `refresh_seconds` in case the pool changed without
+  one (another tool's resctrl groups); a provider that fails keeps the last list and is asked again every
+  `retry_seconds` (the ways are still there, the engine is just busy or restarting).
 
 Allocate answers with environment variables only (devices.allocation_envs); the ways are enforced later,
 when the workload asking for them is applied to the container's CPUs.
@@ -38,6 +40,7 @@ from rmd_agent.deviceplugin.devices import (
     preferred_ways,
 )
 from rmd_agent.errors import AgentError
+from rmd_agent.nrt.triggers import RefreshTrigger, watch_directories
 from rmd_api.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from rmd_api.names import CACHE_WAYS_RESOURCE
 
@@ -74,8 +77,10 @@ class CacheWaysPlugin:
         *,
         socket_name: str = DEFAULT_SOCKET_NAME,
         resource_name: str = CACHE_WAYS_RESOURCE,
-        refresh_seconds: float = 5.0,
-        watch_seconds: float = 0.1,  # a stat of kubelet.sock; see the registration loop
+        refresh_seconds: float = 60.0,  # a safety net: notify() brings the changes
+        retry_seconds: float = 5.0,  # after the provider failed
+        watch_seconds: float = 0.1,  # see the registration loop
+        recheck_seconds: float = 10.0,  # kubelet.sock checked even without a directory event
         timeout: float = 5.0,
     ) -> None:
         self._pools = pools
@@ -83,12 +88,16 @@ class CacheWaysPlugin:
         self.socket_name = socket_name
         self.resource_name = resource_name
         self.refresh_seconds = refresh_seconds
+        self.retry_seconds = retry_seconds
         self.watch_seconds = watch_seconds
+        self.recheck_seconds = recheck_seconds
         self.timeout = timeout
         self.registrations = 0
         self.registered = False
         self._devices: tuple[WayDevice, ...] = ()
         self._version = 0  # bumped on every change of _devices; ListAndWatch streams resend on a bump
+        self._provider_failed = False
+        self.reads = 0  # provider calls, for tests
         self._changed = asyncio.Condition()
         self._wake_refresh = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -139,11 +148,14 @@ class CacheWaysPlugin:
 
     async def refresh(self) -> bool:
         """Read the pools; True when the device list changed (and was sent to the kubelet)."""
+        self.reads += 1
         try:
             pools = await asyncio.wait_for(self._pools(), self.timeout)
         except (AgentError, OSError, TimeoutError) as exc:
             log.warning("cannot read the guaranteed pool, keeping %d devices: %s", len(self._devices), exc)
+            self._provider_failed = True
             return False
+        self._provider_failed = False
         devices = plan_devices(pools)
         if devices == self._devices:
             return False
@@ -162,15 +174,33 @@ class CacheWaysPlugin:
 
     async def _refresh_loop(self) -> None:
         while True:
+            wait = (
+                min(self.retry_seconds, self.refresh_seconds)
+                if self._provider_failed
+                else self.refresh_seconds
+            )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_refresh.wait(), self.refresh_seconds)
+                await asyncio.wait_for(self._wake_refresh.wait(), wait)
             self._wake_refresh.clear()
             await self.refresh()
 
     async def _registration_loop(self) -> None:
-        # Checked every watch_seconds (0.1 s): a restarted kubelet posts the Node's status while it starts and
-        # then only every 10 s; registering within that first moment brings the ways back with it instead of
-        # one status period later (measured on a real kubelet: 10.7 s with a 1 s check).
+        # A restarted kubelet posts the Node's status while it starts and then only every 10 s; registering
+        # within that first moment brings the ways back with it instead of one status period later (measured
+        # on a real kubelet: 10.7 s with a 1 s check). So a new kubelet.sock is noticed at once (inotify on
+        # the directory, else polled every watch_seconds), and a failed registration retried as often; a
+        # registered plugin otherwise does nothing (a stat every 0.1 s was a fifth of an idle agent's CPU).
+        trigger = RefreshTrigger()
+        watcher = asyncio.create_task(
+            watch_directories({self.plugin_dir: None}, trigger, self.watch_seconds, "device-plugins")
+        )
+        try:
+            await self._register_on_changes(trigger)
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    async def _register_on_changes(self, trigger: RefreshTrigger) -> None:
         registered_with: tuple[int, int] | None = None  # identity of the kubelet.sock registered with
         failed_with: tuple[int, int] | None = None  # ... and of the one a registration last failed on
         while True:
@@ -195,7 +225,8 @@ class CacheWaysPlugin:
                     registered_with = kubelet
                     self.registrations += 1
                     self.registered = True
-            await asyncio.sleep(self.watch_seconds)
+            retrying = kubelet is not None and not self.registered
+            await trigger.wait(self.watch_seconds if retrying else self.recheck_seconds)
 
     # --- server and registration ---
 

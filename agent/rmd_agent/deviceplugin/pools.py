@@ -49,7 +49,10 @@ def engine_pools(engine: Engine, fs: HostFS) -> PoolProvider:
         nonlocal numa_cpus
         if numa_cpus is None:
             numa_cpus = await asyncio.to_thread(read_numa_cpus, fs)
-        summary = await engine.node()
-        return guaranteed_pools(summary.caches, await engine.list(), numa_cpus)
+        # The caches alone where the engine gives them so (NodeEngine.cache_domains): the node summary's
+        # capability probe is most of its cost and says nothing about the ways.
+        domains = getattr(engine, "cache_domains", None)
+        caches = await domains() if domains is not None else (await engine.node()).caches
+        return guaranteed_pools(caches, await engine.list(), numa_cpus)
 
     return provide

@@ -66,10 +66,13 @@ def _read_counter(path: str) -> int | None:
     """A monitoring file's value; None when the kernel answers "Unavailable" (RMID not counting yet) or
     the event does not exist on this CPU."""
     try:
-        with open(path, "rb") as handle:
-            text = handle.read().strip()
+        fd = os.open(path, os.O_RDONLY)  # not open(): its buffered file object costs 3x the read itself
     except FileNotFoundError:
         return None
+    try:
+        text = os.read(fd, 64).strip()
+    finally:
+        os.close(fd)
     return int(text) if text.isdigit() else None
 
 

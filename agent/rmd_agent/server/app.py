@@ -127,6 +127,7 @@ class AgentServer:
         self._engine_started = False
         self._stopping = False
         self._health_task: asyncio.Task[None] | None = None
+        self._agent_serving: bool | None = None  # the Agent service's health as last set
         self._certificate: ServingCertificate | None = None
         self._renewal: asyncio.Task[None] | None = None
         self._trim: asyncio.TimerHandle | None = None
@@ -213,10 +214,16 @@ class AgentServer:
         return server, port
 
     async def _refresh_health(self) -> None:
-        """Overall health follows the process; the Agent service's follows the engine's readiness."""
+        """Overall health follows the process; the Agent service's follows the engine's readiness. Set only
+        when it turns. Asking the engine here is also how it notices a readiness change by itself (resctrl
+        unmounted) and tells its readers (engine_api.ChangeNotifier)."""
         ok, _ = await self.ready()
-        await self.health.set("", _SERVING)
+        if ok == self._agent_serving:
+            return
+        if self._agent_serving is None:
+            await self.health.set("", _SERVING)
         await self.health.set(AGENT_SERVICE, _SERVING if ok else _NOT_SERVING)
+        self._agent_serving = ok
 
     async def _watch_health(self) -> None:
         while True:
