@@ -277,7 +277,10 @@ class NrtExporter:
         dirs = pod_directories(self.fs, settings.kubelet_config)
         if not isinstance(dirs, Unsupported):
             paths = [self.fs.path(d) for d in dirs]
-            watchers.append(watch_pod_directories(paths, trigger, poll, self._pod_entries))
+            # the entries are for updating the QoS classes; without classes (fingerprint method all) nothing
+            # would take() them and they would pile up
+            entries = self._pod_entries if self.pod_qos is not None else None
+            watchers.append(watch_pod_directories(paths, trigger, poll, entries))
             return watchers
         log.info("pod directories not found (%s): polling PodResources every %gs instead", dirs, poll)
         watchers.append(poll_pod_resources(podres.list, trigger, poll))
