@@ -13,8 +13,9 @@ with-exclusive-resources pod fingerprint, the pods' QoS classes (nrt/pod_qos.py)
 Refreshes happen on a kubelet state file change or a pod directory coming or going (nrt/triggers.py), on a
 poke (the engine changed cache allocations), on a periodic resync (`nrt_resync_seconds`, which also re-reads
 the API object to recreate or repair it), and after a failure (with backoff). Triggers that fire while a
-refresh waits or runs are coalesced into the next one, and refreshes are at least
-`nrt_min_write_interval_seconds` apart, which bounds the write rate.
+refresh waits or runs are coalesced into the next one, and refreshes start at least
+`nrt_min_write_interval_seconds` apart, which bounds the write rate (two writes can be closer by the
+difference in how long their refreshes took).
 
 A refresh reads again only what its reasons may have changed (`stale_inputs`): PodResources always (the
 client reuses the objects of an unchanged answer), the pods' QoS classes after a pod directory event (only
