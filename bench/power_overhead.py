@@ -51,10 +51,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rmd_agent.hostfs import HostFS
+from rmd_agent.hostfs import HostFS, read_small
 from rmd_agent.metrics.exposition import generate
 from rmd_agent.metrics.power_collector import PowerCollector, render
-from rmd_agent.power.cpu_time import KeptFiles, read_small
+from rmd_agent.power.cpu_time import KeptFiles
 from rmd_agent.power.sampler import PowerSampler, PowerSnapshot
 from rmd_sim.hosttree import write_host_tree
 from rmd_sim.load import SimLoad

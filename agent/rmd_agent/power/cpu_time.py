@@ -28,7 +28,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from rmd_agent.errors import HostReadError, Unsupported
-from rmd_agent.hostfs import HostFS
+from rmd_agent.hostfs import HostFS, read_small
 from rmd_agent.power.cgroup_paths import QoS, parse_container_dir, parse_pod_dir
 
 USER_HZ = 100  # /proc/stat counts in USER_HZ ticks, 100 on every architecture Linux exports to userspace
@@ -108,16 +108,6 @@ def find_pod_root(fs: HostFS) -> PodRoot | Unsupported:
             if fs.is_dir(f"{hierarchy}/{root}"):
                 return PodRoot(version, hierarchy, root)
     return Unsupported(f"no kubelet pod cgroup ({' or '.join(POD_ROOTS)}) under /{hierarchies[0][1]}")
-
-
-def read_small(path: str) -> bytes:
-    """A small kernel file in one read(2): cheaper than a buffered file object, which matters at
-    hundreds of files per sample."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
 
 
 class KeptFiles:
