@@ -312,7 +312,9 @@ class NodeStateWriter:
     `api_client_factory` makes the API client (kube.api_client_factory(settings) in production);
     `endpoint` overrides the one derived from settings (e.g. once the gRPC server knows its port).
     `poll_engine` False: notify() is called after every change of the engine (companions.NotifyingEngine
-    over a ChangeNotifier engine), so a quiet node costs nothing between resyncs.
+    over a ChangeNotifier engine), so a quiet node costs nothing between resyncs. Readiness turning (resctrl
+    unmounted) reaches it that way too, because the gRPC health refresh asks the engine's ready() every 5 s
+    (server/app.py) and the engine tells its listeners when the answer turns.
     notify() and stop() are called from the event loop run() runs on.
     """
 

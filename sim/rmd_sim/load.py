@@ -242,6 +242,17 @@ class SimLoad:
             self._write_log_link(pod, new)
         return new.id
 
+    def add_container(self, uid: str, name: str, cpus: float) -> str:
+        """A container started in a running pod (a sidecar added, an ephemeral container): its cgroup and
+        its log link; returns its id."""
+        pod = self.pods[uid]
+        new = SimContainer(name, _container_id(uid, name, 0), cpus)
+        pod.containers[name] = new
+        self._container_dir(pod, new.id).mkdir()
+        self._write_pod(pod)
+        self._write_log_link(pod, new)
+        return new.id
+
     def remove_pod(self, uid: str) -> None:
         """The pod is deleted: its cgroups and log directories go."""
         pod = self.pods.pop(uid)

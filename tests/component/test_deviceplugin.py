@@ -209,7 +209,7 @@ async def test_plugin_reregisters_after_a_kubelet_restart(kubelet: SimKubelet, p
 
 async def test_a_kubelet_restart_is_noticed_at_once_without_polling(kubelet: SimKubelet, pool: Pool) -> None:
     """The directory is watched (inotify), not polled: with checks 30 s apart the plugin still registers
-    with a restarted kubelet at once, and an idle registered plugin does not wake up."""
+    with a restarted kubelet at once."""
     assert kubelet.device_manager is not None
     plugin = CacheWaysPlugin(pool, kubelet.device_manager.plugin_dir, watch_seconds=30.0)
     async with running(plugin):

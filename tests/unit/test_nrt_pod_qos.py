@@ -8,13 +8,15 @@ import dataclasses
 import logging
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.podresources import AllocatableResources, ContainerResources, PodResources
+from rmd_agent.nrt import exporter as exporter_module
 from rmd_agent.nrt import fingerprint, pod_qos
 from rmd_agent.nrt.exporter import NrtExporter
 from rmd_agent.nrt.pod_qos import (
@@ -273,3 +275,27 @@ async def test_the_exporter_counts_guaranteed_pods_by_their_cgroup(
     all_pods = await everything.snapshot(Kubelet())  # type: ignore[arg-type]
     names = [("ns", n) for n in ("gu", "bu", "be", "not-started", "gu-int")]
     assert all_pods.attribute(fingerprint.ATTRIBUTE) == fingerprint.fingerprint(names)
+
+
+def test_without_qos_classes_no_entries_are_noted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With fingerprint method all the exporter reads no QoS classes, so nothing would take the noted pod
+    directory entries: none are noted (they piled up for the agent's life)."""
+    root, _kubelet = node(tmp_path, 2, "cgroupfs")
+    noted: list[object] = []
+
+    async def idle() -> None:
+        pass
+
+    def watch(
+        dirs: object, trigger: object, poll: float, entries: object = None
+    ) -> Coroutine[Any, Any, None]:
+        noted.append(entries)
+        return idle()
+
+    monkeypatch.setattr(exporter_module, "watch_pod_directories", watch)
+    for method, expected in (("all", None), ("with-exclusive-resources", EntryLog)):
+        settings = AgentSettings(node_name="n1", host_root=root, nrt_pods_fingerprint_method=method)
+        watchers = NrtExporter(settings, api_client_factory=lambda: None)._watchers(None)  # type: ignore[arg-type]
+        for coroutine in watchers:
+            coroutine.close()
+        assert noted[-1] is None if expected is None else isinstance(noted[-1], expected)

@@ -475,3 +475,23 @@ def test_a_container_named_late_is_read_from_a_baseline(tmp_path: Path) -> None:
         < container_of(snap, uid, "late")["package"]
         < node.load.expected_container_joules(uid, "late", "package")
     )
+
+
+def test_a_quiet_container_found_late_is_not_paid_its_past_again(tmp_path: Path) -> None:
+    """A container added to a running pod that uses too little CPU to be noticed at once (5 ms per interval)
+    is found by the periodic listing, up to 30 samples later; its CPU time until then is in the pod's
+    remainder. Paying it its whole life when found took that interval's share from its sibling."""
+    node = Node(tmp_path)
+    uid = str(uuid.uuid4())
+    node.load.add_pod("a", "p", uid, {"app": 1.0})
+    node.sampler.sample()
+    node.run(10.0, step=1.0)
+    node.load.add_container(uid, "quiet", 0.005)
+    snap = node.run(40.0, step=1.0)
+    assert any(c.uid == uid and c.container == "quiet" for c in snap.containers)  # found
+    assert container_of(snap, uid, "app")["package"] == pytest.approx(
+        node.load.expected_container_joules(uid, "app", "package"), rel=1e-4
+    )
+    assert container_of(snap, uid, "quiet")["package"] <= node.load.expected_container_joules(
+        uid, "quiet", "package"
+    ) * (1 + 1e-6)

@@ -155,3 +155,38 @@ def test_an_idle_pods_containers_are_not_read(node: tuple[SimLoad, list[SimLoadP
     load.advance(1.0)
     before = reading.pods[idle.uid].containers[idle.containers["app"].id][1]
     assert reader.read().pods[idle.uid].containers[idle.containers["app"].id][1] > before
+
+
+def test_a_busy_unread_container_does_not_list_its_pod_every_read(
+    node: tuple[SimLoad, list[SimLoadPod]],
+) -> None:
+    """A container left unread (no name yet) that uses CPU looks like a new container to the check for
+    unexplained CPU time: one listing finds nothing new, and the pod is not listed again for it."""
+    load, pods = node
+    reader = CgroupCpuReader(HostFS(load.root))
+    reader.skip = frozenset({pods[0].containers["app"].id})  # 0.5 CPU, unread
+    reader.read()
+    listings = reader.listings
+    for _ in range(5):
+        load.advance(1.0)
+        reader.read()
+    assert reader.listings - listings <= 1
+
+
+def test_the_idle_shortcut_survives_other_pods_skip_changes(node: tuple[SimLoad, list[SimLoadPod]]) -> None:
+    load, pods = node
+    idle = pods[0]
+    for name in idle.containers:
+        load.set_rate(idle.uid, name, 0.0)
+    load.advance(1.0)
+    reader = CgroupCpuReader(HostFS(load.root))
+    reader.read()
+    reader.read()
+    read_paths: list[str] = []
+    real_read = reader.files.read
+    reader.files.read = lambda path: read_paths.append(path) or real_read(path)  # type: ignore[method-assign]
+    reader.skip = frozenset({pods[1].containers["side"].id})  # another pod's container named or gone
+    load.advance(1.0)
+    reader.read()
+    idle_dir = str(load.root / load.cgroup_base / idle.rel_dir)
+    assert [p for p in read_paths if p.startswith(idle_dir)] == [f"{idle_dir}/cpu.stat"]

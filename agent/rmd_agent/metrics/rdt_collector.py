@@ -22,7 +22,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from rmd_agent.engine_api import AppliedWorkload
-from rmd_agent.hostfs import HostFS
+from rmd_agent.hostfs import HostFS, read_small
 from rmd_agent.metrics import catalog
 from rmd_agent.observe.resctrl import RESCTRL
 
@@ -66,13 +66,9 @@ def _read_counter(path: str) -> int | None:
     """A monitoring file's value; None when the kernel answers "Unavailable" (RMID not counting yet) or
     the event does not exist on this CPU."""
     try:
-        fd = os.open(path, os.O_RDONLY)  # not open(): its buffered file object costs 3x the read itself
+        text = read_small(path).strip()  # not open(): its buffered file object costs 3x the read itself
     except FileNotFoundError:
         return None
-    try:
-        text = os.read(fd, 64).strip()
-    finally:
-        os.close(fd)
     return int(text) if text.isdigit() else None
 
 

@@ -13,8 +13,9 @@ with-exclusive-resources pod fingerprint, the pods' QoS classes (nrt/pod_qos.py)
 Refreshes happen on a kubelet state file change or a pod directory coming or going (nrt/triggers.py), on a
 poke (the engine changed cache allocations), on a periodic resync (`nrt_resync_seconds`, which also re-reads
 the API object to recreate or repair it), and after a failure (with backoff). Triggers that fire while a
-refresh waits or runs are coalesced into the next one, and refreshes are at least
-`nrt_min_write_interval_seconds` apart, which bounds the write rate.
+refresh waits or runs are coalesced into the next one, and refreshes start at least
+`nrt_min_write_interval_seconds` apart, which bounds the write rate (two writes can be closer by the
+difference in how long their refreshes took).
 
 A refresh reads again only what its reasons may have changed (`stale_inputs`): PodResources always (the
 client reuses the objects of an unchanged answer), the pods' QoS classes after a pod directory event (only
@@ -277,7 +278,10 @@ class NrtExporter:
         dirs = pod_directories(self.fs, settings.kubelet_config)
         if not isinstance(dirs, Unsupported):
             paths = [self.fs.path(d) for d in dirs]
-            watchers.append(watch_pod_directories(paths, trigger, poll, self._pod_entries))
+            # the entries are for updating the QoS classes; without classes (fingerprint method all) nothing
+            # would take() them and they would pile up
+            entries = self._pod_entries if self.pod_qos is not None else None
+            watchers.append(watch_pod_directories(paths, trigger, poll, entries))
             return watchers
         log.info("pod directories not found (%s): polling PodResources every %gs instead", dirs, poll)
         watchers.append(poll_pod_resources(podres.list, trigger, poll))

@@ -24,10 +24,11 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import weakref
 from dataclasses import dataclass, field
 
 from rmd_agent.errors import HostReadError, Unsupported
-from rmd_agent.hostfs import HostFS
+from rmd_agent.hostfs import HostFS, read_small
 from rmd_agent.power.cgroup_paths import QoS, parse_container_dir, parse_pod_dir
 
 USER_HZ = 100  # /proc/stat counts in USER_HZ ticks, 100 on every architecture Linux exports to userspace
@@ -109,16 +110,6 @@ def find_pod_root(fs: HostFS) -> PodRoot | Unsupported:
     return Unsupported(f"no kubelet pod cgroup ({' or '.join(POD_ROOTS)}) under /{hierarchies[0][1]}")
 
 
-def read_small(path: str) -> bytes:
-    """A small kernel file in one read(2): cheaper than a buffered file object, which matters at
-    hundreds of files per sample."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
-
-
 class KeptFiles:
     """Small kernel files kept open between samples and read with pread(2) at offset 0.
 
@@ -133,6 +124,7 @@ class KeptFiles:
         self.budget = default_budget() if budget is None else budget
         self._used: dict[str, int] = {}  # read since the last end()
         self._kept: dict[str, int] = {}  # kept from before, not read yet since the last end()
+        weakref.finalize(self, _close_all, self.__dict__)  # a reader dropped without close()
 
     def read(self, path: str) -> bytes:
         fd = self._kept.pop(path, -1)
@@ -141,7 +133,13 @@ class KeptFiles:
         if fd < 0:
             if len(self._used) + len(self._kept) >= self.budget:
                 return read_small(path)
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                self.budget = len(self)  # out of descriptors: keep no more, read the rest as before
+                return read_small(path)
         self._used[path] = fd
         try:
             return os.pread(fd, 4096, 0)
@@ -152,8 +150,8 @@ class KeptFiles:
                 raise FileNotFoundError(exc.errno, exc.strerror, path) from None
             raise
 
-    def keep(self, path: str) -> None:
-        """Keep a file open through the next `end()` without reading it."""
+    def mark_used(self, path: str) -> None:
+        """Count a file as used this sample without reading it: the next `end()` leaves it open."""
         fd = self._kept.pop(path, -1)
         if fd >= 0:
             self._used[path] = fd
@@ -165,12 +163,17 @@ class KeptFiles:
         self._kept, self._used = self._used, {}
 
     def close(self) -> None:
-        for fd in (*self._kept.values(), *self._used.values()):
-            os.close(fd)
-        self._kept, self._used = {}, {}
+        _close_all(self.__dict__)
 
     def __len__(self) -> int:
         return len(self._kept) + len(self._used)
+
+
+def _close_all(state: dict[str, dict[str, int]]) -> None:
+    for name in ("_kept", "_used"):
+        for fd in state[name].values():
+            os.close(fd)
+        state[name] = {}
 
 
 MAX_KEPT_FILES = 65_536
@@ -217,8 +220,10 @@ class _KnownPod:
     pod_ns: int = 0
     containers_ns: int = 0
     reads: int = 0
-    last: tuple[dict[str, tuple[str, int]], tuple[str, ...]] = ({}, ())  # the last read's containers
-    last_skip: frozenset[str] | None = None  # the skip set of that read
+    last: tuple[dict[str, tuple[str, int]], tuple[str, ...]] = ({}, ())  # the last read: read, unread
+    # False after a listing made for unexplained CPU time found no new container (it is the unread ones'):
+    # no more listings for that until the next periodic one
+    check_unexplained: bool = True
 
 
 class CgroupCpuReader:
@@ -336,10 +341,15 @@ class CgroupCpuReader:
                     known.reads = reads
                 assert known is not None
                 usage = self._usage_ns(known.usage_path, version)
-                if not fresh and usage == known.pod_ns and known.last_skip is self.skip:
+                skip = self.skip
+                if (
+                    not fresh
+                    and usage == known.pod_ns
+                    and tuple(c for c, _runtime, _path in known.containers if c in skip) == known.last[1]
+                ):
                     # an idle pod: its CPU time counts its containers', so none of them ran either
                     for _cid, _runtime, path in known.containers:
-                        self.files.keep(path)
+                        self.files.mark_used(path)
                     known.reads += 1
                     self._known[rel] = known
                     pods[uid] = PodCpu(uid, qos, usage, *known.last)
@@ -347,9 +357,14 @@ class CgroupCpuReader:
                 read = self._read_containers(known, version)
                 if not fresh and (
                     read is None
-                    or (usage - known.pod_ns) - (_total(read[0]) - known.containers_ns) > UNEXPLAINED_NS
+                    or (
+                        known.check_unexplained
+                        and (usage - known.pod_ns) - (_total(read[0]) - known.containers_ns) > UNEXPLAINED_NS
+                    )
                 ):
+                    before = {c for c, _runtime, _path in known.containers}
                     known = self._list(pod_path, uid, qos, usage_file)
+                    known.check_unexplained = read is None or before != {c for c, _r, _p in known.containers}
                     fresh = True
                     read = self._read_containers(known, version)
                 if read is None:  # a container exited between listing and reading
@@ -357,7 +372,7 @@ class CgroupCpuReader:
                     read = self._read_containers(known, version) or ({}, ())
                 containers, unread = read
                 known.pod_ns, known.containers_ns = usage, _total(containers)
-                known.last, known.last_skip = read, self.skip
+                known.last = read
                 if not fresh:
                     known.reads += 1
             except FileNotFoundError:

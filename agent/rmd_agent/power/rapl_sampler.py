@@ -21,10 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from rmd_agent.errors import Unsupported
-from rmd_agent.hostfs import HostFS
+from rmd_agent.hostfs import HostFS, read_small
 from rmd_agent.observe.rapl import POWERCAP, read_rapl_zones
 from rmd_agent.power.attribution import ZoneKey
-from rmd_agent.power.cpu_time import read_small
 
 ZONE_KINDS = ("package", "core", "uncore", "dram", "psys")
 # zone kind -> the kinds whose energy it already includes

@@ -187,22 +187,30 @@ class PowerSampler:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Sample every `interval` seconds (fixed rate, on the event loop's clock; `clock` only measures
-        intervals) until cancelled or `stop` is set."""
+        intervals) until cancelled or `stop` is set; then close the files it keeps open."""
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         deadline = loop.time()
-        while not stop.is_set():
-            try:
-                self.sample()
-            except Exception:
-                self._count("internal")
-                log.exception("power sample failed; continuing with the next interval")
-            deadline += self.interval
-            delay = deadline - loop.time()
-            if delay < 0:  # fell behind (suspended, overloaded): resume the schedule from now
-                deadline, delay = loop.time(), 0.0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
+        try:
+            while not stop.is_set():
+                try:
+                    self.sample()
+                except Exception:
+                    self._count("internal")
+                    log.exception("power sample failed; continuing with the next interval")
+                deadline += self.interval
+                delay = deadline - loop.time()
+                if delay < 0:  # fell behind (suspended, overloaded): resume the schedule from now
+                    deadline, delay = loop.time(), 0.0
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the cgroup files kept open between samples (a later sample opens them again)."""
+        with self._lock:
+            self.cgroups.files.close()
 
     def sample(self) -> None:
         """Take one sample; `snapshot()` shows it. Holds the lock throughout: a scrape thread marking
@@ -301,15 +309,25 @@ class PowerSampler:
                 pod_usage[uid] = pod.usage_ns
             else:
                 pod_ns = 0
-            # a container not there last time started since (unless nothing was read last time)
+            # A container not read last time may have started since (unless nothing was read last time),
+            # or may have run unseen (not listed yet, or left unread without a name), its CPU time in the
+            # pod's remainder so far: it is paid at most this interval's remainder, never its whole life.
             started = not first and (new_pod or previous is not None)
             by_name: dict[str, int] = {}
+            first_seen: list[tuple[str, int]] = []
             for cid, (_runtime, usage) in pod.containers.items():
                 key = (uid, cid)
                 before = container_usage.get(key)
-                if before is None:
-                    delta = usage if started and key not in self._named_since else 0
+                if key in self._named_since:  # was left unread: only a baseline now
+                    self._named_since.discard(key)
+                    before = None
+                    delta = 0
                     container_usage[key] = usage
+                elif before is None:
+                    delta = 0
+                    container_usage[key] = usage
+                    if started:
+                        first_seen.append((cid, usage))
                 elif usage > before:
                     delta = usage - before
                     container_usage[key] = usage
@@ -321,6 +339,13 @@ class PowerSampler:
                     if name == POD_OVERHEAD:
                         self._unnamed.add(key)
                 by_name[name] = by_name.get(name, 0) + delta
+            if first_seen:
+                unpaid = pod_ns - sum(by_name.values())
+                for cid, usage in first_seen:
+                    delta = min(usage, max(0, unpaid))
+                    unpaid -= delta
+                    name = names.get((uid, cid), POD_OVERHEAD)
+                    by_name[name] = by_name.get(name, 0) + delta
             remainder = pod_ns - sum(by_name.values())
             if remainder > 0:
                 by_name[POD_OVERHEAD] = by_name.get(POD_OVERHEAD, 0) + remainder
@@ -347,14 +372,16 @@ class PowerSampler:
     def _skip_unnamed(self, reading: PodCpuReading) -> None:
         """Tell the reader which containers to leave unread next time: those without a name so far. An
         unread container that has a name now is read again (its first read a baseline)."""
-        self._named_since = set()
-        unread = 0
+        unread = 0  # unread and still without a name
         for uid, pod in reading.pods.items():
             unread += len(pod.unread)
             for cid in pod.unread:
                 if self.pod_meta.container_name(cid) is not None:
                     self._unnamed.discard((uid, cid))
-                    self._named_since.add((uid, cid))
+                    self._named_since.add((uid, cid))  # until it is read
+                    unread -= 1
+        if reading.complete and self._named_since:
+            self._named_since = {key for key in self._named_since if key[0] in reading.pods}
         if reading.complete and len(self._unnamed) > unread:  # some are gone, or read this time
             present = {
                 (uid, cid) for uid, pod in reading.pods.items() for cid in (*pod.unread, *pod.containers)
