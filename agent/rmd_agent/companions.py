@@ -156,6 +156,8 @@ class Companions:
         self._stoppers: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
+        self._engine_started = asyncio.Event()  # set by start(): the cache ways may be read from then on
+        self._api: Callable[[], Any] | None = None  # the API client factory, once start_export() made it
         self._register_metrics()
 
     def _register_metrics(self) -> None:
@@ -177,8 +179,34 @@ class Companions:
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coro, name=name))
 
-    async def start(self, grpc_port: int) -> None:
+    async def start_export(self) -> None:
+        """Start the NodeResourceTopology export before the engine starts: its first refresh reads the
+        kubelet, sysfs and the API server meanwhile and waits for the engine (`start()`) only for the cache
+        ways, so the object is correct sooner after the agent starts. Also checks the kubeconfig."""
         settings = self.settings
+        if self._api is not None or not (settings.nrt_enabled or settings.node_state_enabled):
+            return
+        if not kubernetes_available(settings):
+            log.warning(
+                "no Kubernetes API (no kubeconfig, not in a pod): not publishing RmdNodeState or "
+                "NodeResourceTopology"
+            )
+            return
+        client = await asyncio.to_thread(create_api_client, settings)  # fail fast on an unusable kubeconfig
+        self._api = factory = _first_client(client, api_client_factory(settings))
+        if settings.nrt_enabled:
+            from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider  # noqa: PLC0415  # optional
+
+            ways = engine_l3_provider(self.engine, self._engine_started)
+            exporter = NrtExporter(settings, factory, ways, pods=self.pods)
+            self._listeners.append(lambda: exporter.poke("workloads changed"))
+            self._stoppers.append(exporter.stop)
+            self._spawn("nrt-exporter", exporter.run())
+
+    async def start(self, grpc_port: int) -> None:
+        """The rest, once the engine has started (and the export, if start_export() was not called)."""
+        settings = self.settings
+        self._engine_started.set()
         if settings.power_enabled:
             self._spawn("power-sampler", self.sampler.run(self._stop))
         self._spawn("rdt-metrics", self.rdt.run(settings.rdt_metrics_interval_seconds, self._stop))
@@ -193,23 +221,10 @@ class Companions:
             self._listeners.append(plugin.notify)
             self._stoppers.append(plugin.stop)
             self._spawn("device-plugin", plugin.run())
-        if not (settings.nrt_enabled or settings.node_state_enabled):
+        await self.start_export()
+        factory = self._api
+        if factory is None:  # no Kubernetes API, or neither Kubernetes task wanted
             return
-        if not kubernetes_available(settings):
-            log.warning(
-                "no Kubernetes API (no kubeconfig, not in a pod): not publishing RmdNodeState or "
-                "NodeResourceTopology"
-            )
-            return
-        client = await asyncio.to_thread(create_api_client, settings)  # fail fast on an unusable kubeconfig
-        factory = _first_client(client, api_client_factory(settings))
-        if settings.nrt_enabled:
-            from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider  # noqa: PLC0415  # optional
-
-            exporter = NrtExporter(settings, factory, engine_l3_provider(self.engine), pods=self.pods)
-            self._listeners.append(lambda: exporter.poke("workloads changed"))
-            self._stoppers.append(exporter.stop)
-            self._spawn("nrt-exporter", exporter.run())
         if settings.node_state_enabled:
             from rmd_agent.node_state import NodeStateWriter, endpoint_from_settings  # noqa: PLC0415  # optional
 

@@ -384,6 +384,29 @@ async def test_engine_provider_reports_the_guaranteed_pool_and_skips_domains_wit
     ]
 
 
+async def test_the_engine_provider_waits_for_the_engine_to_have_started() -> None:
+    """At the agent's start the export begins before the engine has started (what it holds is known only
+    then): the provider asks the engine nothing until told the engine has started."""
+    asked: list[str] = []
+
+    class Engine:
+        async def cache_domains(self) -> tuple[CacheDomainSummary, ...]:
+            asked.append("caches")
+            return (CacheDomainSummary(0, frozenset({0, 1}), 11, {"guaranteed": 3}),)
+
+        async def list(self) -> list[object]:
+            asked.append("list")
+            return []
+
+    started = asyncio.Event()
+    reading = asyncio.create_task(engine_l3_provider(Engine(), started)())  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert asked == [] and not reading.done()
+    started.set()
+    assert await reading == [CacheWays(0, frozenset({0, 1}), 11, 3)]
+    assert asked == ["caches", "list"]
+
+
 async def test_sysfs_provider_reports_every_way_free(make_tree: Callable[[Mapping[str, str]], Path]) -> None:
     cache = "sys/devices/system/cpu/cpu{}/cache/index3/"
     files = {"sys/devices/system/cpu/online": "0-1\n"}

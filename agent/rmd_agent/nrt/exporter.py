@@ -103,15 +103,18 @@ def sysfs_l3_provider(fs: HostFS) -> L3Provider:
     return provide
 
 
-def engine_l3_provider(engine: Engine) -> L3Provider:
+def engine_l3_provider(engine: Engine, started: asyncio.Event | None = None) -> L3Provider:
     """Cache ways as the engine allocates them: allocatable = the guaranteed pool (rmd_agent.cache_ways, the
     device plugin's devices for that cache, so the zones agree with the Node's allocatable), with what the
     guaranteed workloads hold there; compute_zones takes the devices pods hold from PodResources.
 
     A domain without a guaranteed pool (no L3 CAT, resctrl not mounted) is left out, and with it the resource.
+    `started`: set once the engine has started (what it holds is known only then); awaited before reading.
     """
 
     async def provide() -> Sequence[CacheWays]:
+        if started is not None:
+            await started.wait()
         # The real engines give their caches alone: the node summary's capability probe is most of its cost.
         domains = getattr(engine, "cache_domains", None)
         caches = await domains() if domains is not None else (await engine.node()).caches
@@ -373,11 +376,11 @@ class NrtExporter:
             self._numa = numa
         # Both calls in flight at once: one round trip to the kubelet per refresh, not two.
         allocatable, pods = await asyncio.gather(podres.get_allocatable(), podres.list())
-        if L3 in stale or self._caches is None:
-            self._caches = await self._l3()
         if QOS in stale or self._classes is None:
             self._classes = self._read_pod_classes(full=reasons is None)
         config = self._kubelet_config(force=reasons is None)
+        if L3 in stale or self._caches is None:  # last: at the agent's start, it waits for the engine
+            self._caches = await self._l3()
         inputs = (self._numa, allocatable, pods, self._caches, self._classes, config)
         if self._computed is not None and _same(inputs, self._computed[0]):
             self._log_unknown_classes(pods, self._classes)

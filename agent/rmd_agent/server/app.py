@@ -285,8 +285,9 @@ async def _run(
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     try:
-        await server.start()
         try:
+            await companions.start_export()  # the NRT export's reads overlap the engine's start
+            await server.start()
             await companions.start(server.grpc_port)
             await stop.wait()
             log.info("stopping: draining gRPC calls for up to %gs", settings.shutdown_grace_seconds)
