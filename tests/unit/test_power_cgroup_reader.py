@@ -126,11 +126,8 @@ def test_kept_files_close_when_not_read_and_respect_the_budget(tmp_path: Path) -
         files.read(str(paths[0]))
 
 
-def test_an_idle_pods_containers_are_not_read(node: tuple[SimLoad, list[SimLoadPod]]) -> None:
-    """A pod whose CPU time has not moved since the last read is idle, and so are its containers (the pod's
-    CPU time counts theirs): their files are not read again, and stay open for when the pod runs again."""
-    load, pods = node
-    idle = pods[0]
+def idle_pod_reader(load: SimLoad, idle: SimLoadPod) -> tuple[CgroupCpuReader, list[str]]:
+    """`idle` made idle, a reader that has read twice, and the paths it reads from now on."""
     for name in idle.containers:
         load.set_rate(idle.uid, name, 0.0)
     load.advance(1.0)
@@ -145,6 +142,15 @@ def test_an_idle_pods_containers_are_not_read(node: tuple[SimLoad, list[SimLoadP
         return real_read(path)
 
     reader.files.read = counting  # type: ignore[method-assign]
+    return reader, read_paths
+
+
+def test_an_idle_pods_containers_are_not_read(node: tuple[SimLoad, list[SimLoadPod]]) -> None:
+    """A pod whose CPU time has not moved since the last read is idle, and so are its containers (the pod's
+    CPU time counts theirs): their files are not read again, and stay open for when the pod runs again."""
+    load, pods = node
+    idle = pods[0]
+    reader, read_paths = idle_pod_reader(load, idle)
     load.advance(1.0)
     reading = reader.read()
     idle_dir = str(load.root / load.cgroup_base / idle.rel_dir)
@@ -176,15 +182,7 @@ def test_a_busy_unread_container_does_not_list_its_pod_every_read(
 def test_the_idle_shortcut_survives_other_pods_skip_changes(node: tuple[SimLoad, list[SimLoadPod]]) -> None:
     load, pods = node
     idle = pods[0]
-    for name in idle.containers:
-        load.set_rate(idle.uid, name, 0.0)
-    load.advance(1.0)
-    reader = CgroupCpuReader(HostFS(load.root))
-    reader.read()
-    reader.read()
-    read_paths: list[str] = []
-    real_read = reader.files.read
-    reader.files.read = lambda path: read_paths.append(path) or real_read(path)  # type: ignore[method-assign]
+    reader, read_paths = idle_pod_reader(load, idle)
     reader.skip = frozenset({pods[1].containers["side"].id})  # another pod's container named or gone
     load.advance(1.0)
     reader.read()

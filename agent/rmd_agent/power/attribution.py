@@ -26,6 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+_K = TypeVar("_K")
 
 
 @dataclass(frozen=True, order=True)
@@ -127,6 +130,16 @@ def _add(target: dict[str, float], kind: str, joules: float) -> None:
     target[kind] = target.get(kind, 0.0) + joules
 
 
+def _start_at_zero(totals: dict[_K, dict[str, float]], keys: Iterable[_K], kinds: list[str]) -> None:
+    for key in keys:
+        entry = totals.get(key)
+        if entry is None:
+            totals[key] = dict.fromkeys(kinds, 0.0)
+        elif len(entry) < len(kinds):
+            for kind in kinds:
+                entry.setdefault(kind, 0.0)
+
+
 class EnergyLedger:
     """Cumulative joules since the agent started, per node zone, pod, container and the system bucket.
 
@@ -153,20 +166,8 @@ class EnergyLedger:
     def track(self, pods: Iterable[str], containers: Iterable[tuple[str, str]], kinds: Iterable[str]) -> None:
         """Start counters at zero for pods and containers present now, so idle ones are exported too."""
         kind_list = list(kinds)
-        for uid in pods:
-            entry = self.pods.get(uid)
-            if entry is None:
-                self.pods[uid] = dict.fromkeys(kind_list, 0.0)
-            elif len(entry) < len(kind_list):
-                for kind in kind_list:
-                    entry.setdefault(kind, 0.0)
-        for key in containers:
-            entry = self.containers.get(key)
-            if entry is None:
-                self.containers[key] = dict.fromkeys(kind_list, 0.0)
-            elif len(entry) < len(kind_list):
-                for kind in kind_list:
-                    entry.setdefault(kind, 0.0)
+        _start_at_zero(self.pods, pods, kind_list)
+        _start_at_zero(self.containers, containers, kind_list)
 
     def record(self, seconds: float, zone_energy: Mapping[ZoneKey, float], cpu: CpuDeltas) -> Shares:
         """Add one interval: `zone_energy` in joules per node zone, `cpu` the interval's CPU time."""
