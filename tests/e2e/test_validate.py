@@ -495,6 +495,8 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
         try:
             h.deployment("rmd-operator", "operator")  # the operator's stand-in (module docstring)
             h.wait_available("rmd-operator")
+            for node in NODES:  # validate looks only at nodes with an RmdNodeState (or an agent pod)
+                h.wait_published(node)
             yield h
         finally:
             h.close()
