@@ -60,16 +60,21 @@ async def test_a_state_file_replaced_by_rename_fires(watching: tuple[Path, Refre
     assert "kubelet-state:memory_manager_state" in await fired(trigger)
 
 
+async def assert_checkpoint_write_fires(kubelet: Path, trigger: RefreshTrigger) -> None:
+    """Once the watches are rebuilt, a write of the device manager's checkpoint fires the trigger."""
+    await asyncio.sleep(0.1)
+    trigger.take()
+    write_atomically(kubelet / "device-plugins/kubelet_internal_checkpoint", "{}")
+    assert "kubelet-state:kubelet_internal_checkpoint" in await fired(trigger)
+
+
 async def test_the_device_plugin_directory_is_watched_once_it_appears(
     watching: tuple[Path, RefreshTrigger],
 ) -> None:
     kubelet, trigger = watching
     (kubelet / "device-plugins").mkdir()
     await fired(trigger)  # the layout changed; watches are rebuilt
-    await asyncio.sleep(0.1)
-    trigger.take()
-    write_atomically(kubelet / "device-plugins/kubelet_internal_checkpoint", "{}")
-    assert "kubelet-state:kubelet_internal_checkpoint" in await fired(trigger)
+    await assert_checkpoint_write_fires(kubelet, trigger)
 
 
 async def test_a_directory_in_a_watched_one_is_awaited_without_polling(
@@ -94,10 +99,7 @@ async def test_a_directory_in_a_watched_one_is_awaited_without_polling(
         assert stamps == []
         (kubelet / "device-plugins").mkdir()
         assert "kubelet-state:layout" in await fired(trigger)
-        await asyncio.sleep(0.1)
-        trigger.take()
-        write_atomically(kubelet / "device-plugins/kubelet_internal_checkpoint", "{}")
-        assert "kubelet-state:kubelet_internal_checkpoint" in await fired(trigger)
+        await assert_checkpoint_write_fires(kubelet, trigger)
         assert stamps == []
     finally:
         task.cancel()
@@ -122,10 +124,7 @@ async def test_a_directory_created_while_the_watches_are_set_up_is_not_missed(
     task = asyncio.create_task(watch_kubelet_state(kubelet, trigger, NO_POLL))
     try:
         assert "kubelet-state:layout" in await fired(trigger)
-        await asyncio.sleep(0.1)
-        trigger.take()
-        write_atomically(kubelet / "device-plugins/kubelet_internal_checkpoint", "{}")
-        assert "kubelet-state:kubelet_internal_checkpoint" in await fired(trigger)
+        await assert_checkpoint_write_fires(kubelet, trigger)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
