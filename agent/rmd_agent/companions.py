@@ -158,6 +158,7 @@ class Companions:
         self._stop = asyncio.Event()
         self._engine_started = asyncio.Event()  # set by start(): the cache ways may be read from then on
         self._api: Callable[[], Any] | None = None  # the API client factory, once start_export() made it
+        self._export_tried = False  # start_export() ran (start() runs it if the caller did not)
         self._register_metrics()
 
     def _register_metrics(self) -> None:
@@ -184,8 +185,9 @@ class Companions:
         kubelet, sysfs and the API server meanwhile and waits for the engine (`start()`) only for the cache
         ways, so the object is correct sooner after the agent starts. Also checks the kubeconfig."""
         settings = self.settings
-        if self._api is not None or not (settings.nrt_enabled or settings.node_state_enabled):
+        if self._export_tried or not (settings.nrt_enabled or settings.node_state_enabled):
             return
+        self._export_tried = True  # once: the warning below is said once
         if not kubernetes_available(settings):
             log.warning(
                 "no Kubernetes API (no kubeconfig, not in a pod): not publishing RmdNodeState or "

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from rmd_agent.companions import NotifyingEngine, _first_client
+from rmd_agent.companions import Companions, NotifyingEngine, _first_client
+from rmd_agent.settings import AgentSettings
 
 
 class FakeEngine:
@@ -122,3 +125,20 @@ async def test_changes_the_engine_makes_by_itself_notify_once_and_renew_the_summ
     await engine.apply("new")  # type: ignore[arg-type]
     assert notified == [1, 1]  # told by the engine, not a second time by the wrapper
     assert not NotifyingEngine(FakeEngine(), lambda: None).notifies_all  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_without_a_kubernetes_api_the_warning_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """serve() calls start_export() before the engine starts and start() after: a missing Kubernetes API is
+    warned about once, not by both."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    settings = AgentSettings(
+        node_name="n1", host_root=tmp_path, nrt_enabled=True, power_enabled=False, device_plugin_enabled=False
+    )
+    companions = Companions(settings, FakeEngine(), CollectorRegistry(), None)  # type: ignore[arg-type]
+    await companions.start_export()
+    await companions.start(50051)
+    await companions.stop(grace=1.0)
+    assert sum("no Kubernetes API" in r.getMessage() for r in caplog.records) == 1
