@@ -568,3 +568,60 @@ async def test_engine_provider_asks_for_the_caches_alone_where_the_engine_can() 
 
     engine = CachesOnly((CacheDomainSummary(0, frozenset({0, 1}), 11, {"guaranteed": 3}),))
     assert await engine_l3_provider(engine)() == [CacheWays(0, frozenset({0, 1}), 11, 3)]  # type: ignore[arg-type]
+
+
+class AskedKubelet(CountingKubelet):
+    """CountingKubelet counting GetAllocatableResources calls too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocatables = 0
+
+    async def get_allocatable(self) -> AllocatableResources:
+        self.allocatables += 1
+        return await super().get_allocatable()
+
+
+async def test_an_unchanged_resync_computes_nothing(node_host: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resync reads every input again; what it reads equal to before keeps the topology (and so costs
+    neither the zones nor the fingerprint, nor a write). It computed everything again: the NUMA nodes, the
+    classes and the cache ways were new objects."""
+    computed: list[int] = []
+    real = exporter_module.compute_zones
+    monkeypatch.setattr(exporter_module, "compute_zones", lambda *a: computed.append(1) or real(*a))
+    exp = exporter(node_host)
+    kubelet = AskedKubelet()
+    kubelet.pods = [PodResources("ns", "pinned", (ContainerResources("c", frozenset({1})),))]
+    first = await exp.snapshot(kubelet)  # type: ignore[arg-type]
+    again = await exp.snapshot(kubelet)  # type: ignore[arg-type]
+    assert again is first and len(computed) == 1
+
+
+async def test_a_pod_directory_event_asks_for_list_alone_and_a_gone_pods_class_changes_nothing(
+    node_host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod coming or going changes what is allocated (List), not what the kubelet may hand out
+    (GetAllocatableResources, asked again after a state file change). A pod removed from List a moment before
+    its directories go (the kubelet frees its CPUs first): the refresh those directories wake finds nothing to
+    compute, since the only class that changed is of a pod no longer listed."""
+    computed: list[int] = []
+    real = exporter_module.compute_zones
+    monkeypatch.setattr(exporter_module, "compute_zones", lambda *a: computed.append(1) or real(*a))
+    exp = exporter(node_host)
+    kubelet = AskedKubelet()
+    pinned = PodResources("ns", "pinned", (ContainerResources("c", frozenset({1})),))
+    classes = {("ns", "pinned"): exporter_module.QoS.GUARANTEED}
+    monkeypatch.setattr(exp, "_read_pod_classes", lambda full: dict(classes))
+    kubelet.pods = [pinned]
+    first = await exp.snapshot(kubelet)  # type: ignore[arg-type]
+    assert (kubelet.lists, kubelet.allocatables, len(computed)) == (1, 1, 1)
+
+    kubelet.pods = []  # the kubelet frees the pod's CPUs: a state file event
+    freed = await exp.snapshot(kubelet, reasons=frozenset({"kubelet-state:cpu_manager_state"}))  # type: ignore[arg-type]
+    assert freed != first
+    assert (kubelet.lists, kubelet.allocatables, len(computed)) == (2, 2, 2)
+
+    classes.clear()  # then its directories go
+    gone = await exp.snapshot(kubelet, reasons=frozenset({"pods:/sys/fs/cgroup/kubepods.slice"}))  # type: ignore[arg-type]
+    assert gone is freed
+    assert (kubelet.lists, kubelet.allocatables, len(computed)) == (3, 2, 2)
