@@ -246,6 +246,7 @@ class NrtExporter:
         self._pod_entries = EntryLog()  # pod directory entries seen since the classes were read
         self._qos_problems: tuple[str, ...] = ()
         self._qos_unknown: set[fingerprint.PodKey] = set()  # pods logged as having no QoS class
+        self._fingerprint = fingerprint.PodsFingerprint(settings.nrt_pods_fingerprint_method)
         # What the last refresh read (kept between refreshes, see stale_inputs) and computed from it.
         self._poked = False
         self._numa: list[NumaNode] | None = None
@@ -415,7 +416,7 @@ class NrtExporter:
         method = self.settings.nrt_pods_fingerprint_method
         listed = {r.name for zone in zones for r in zone.resources}  # what the scheduler calls the NRT's
         self._log_unknown_classes(pods, classes)
-        pfp = fingerprint.pods_fingerprint(pods, method, classes, listed)
+        pfp = self._fingerprint(pods, classes, listed)
         topology = NodeTopology.of(zones, topology_attributes(config, pfp, method))
         if self._computed is not None and topology == self._computed[1]:
             topology = self._computed[1]  # equal content: keep the object, so the exporter skips publishing
