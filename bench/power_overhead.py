@@ -233,7 +233,6 @@ def real_tree_reads(pods: int, containers: int, reads: int) -> dict[str, float] 
             def kept_round() -> None:
                 for path in paths:
                     kept.read(path)
-                kept.end()
 
             def open_round() -> None:
                 for path in paths:

@@ -9,6 +9,7 @@ import os
 import uuid
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -495,3 +496,100 @@ def test_a_quiet_container_found_late_is_not_paid_its_past_again(tmp_path: Path)
     assert container_of(snap, uid, "quiet")["package"] <= node.load.expected_container_joules(
         uid, "quiet", "package"
     ) * (1 + 1e-6)
+
+
+# --- containers read less often than pods (issue #14: 500 pods at 1 s) ---
+
+
+def counting_reads(sampler: PowerSampler) -> list[str]:
+    paths: list[str] = []
+    real = sampler.cgroups.files.read
+
+    def counting(path: str) -> bytes:
+        paths.append(path)
+        return real(path)
+
+    sampler.cgroups.files.read = counting  # type: ignore[method-assign]
+    return paths
+
+
+def sample_only(node: Node, samples: int) -> None:
+    """`samples` samples a second apart, no snapshot built (a snapshot reads containers)."""
+    for _ in range(samples):
+        node.load.advance(1.0)
+        node.sampler.sample()
+
+
+def one_second_node(root: Path, **kwargs: Any) -> Node:
+    node = Node(root)
+    node.sampler = PowerSampler(HostFS(root), interval=1.0, clock=lambda: node.load.now, **kwargs)
+    return node
+
+
+def test_at_1s_containers_are_read_every_5s_and_for_a_snapshot(tmp_path: Path) -> None:
+    """Reading every container every second was most of a sample at 500 pods. Pods are read every sample,
+    a pod's containers every 5 s and when a snapshot is built: each pod's energy since its containers were
+    last read is shared among them by their CPU time over that same window, so the exported containers add
+    up to their pod and match the truth."""
+    node = one_second_node(tmp_path)
+    pods = [
+        node.load.add_pod("a", f"p{i}", str(uuid.uuid4()), {"app": 0.5 + i / 4, "side": 0.25})
+        for i in range(5)
+    ]
+    node.sampler.sample()
+    reads = counting_reads(node.sampler)
+    sample_only(node, 10)
+    pod_files = {str(tmp_path / node.load.cgroup_base / p.rel_dir / "cpu.stat") for p in pods}
+    assert {p: reads.count(p) for p in pod_files} == dict.fromkeys(pod_files, 10)
+    container_reads = [p for p in reads if p not in pod_files]
+    assert {p: container_reads.count(p) for p in container_reads} == dict.fromkeys(container_reads, 2)
+    assert len(set(container_reads)) == 2 * len(pods)  # the sandboxes are not read
+    snap = node.sampler.snapshot()
+    for pod in pods:
+        whole = pod_of(snap, pod.uid)
+        parts = [c.energy_j for c in snap.containers if c.uid == pod.uid]
+        for kind in whole:
+            assert math.fsum(p[kind] for p in parts) == pytest.approx(whole[kind], rel=1e-12)
+        for name in ("app", "side"):
+            assert container_of(snap, pod.uid, name)["package"] == pytest.approx(
+                node.load.expected_container_joules(pod.uid, name, "package"), rel=1e-4
+            )
+
+
+def test_a_container_busy_in_bursts_is_paid_for_its_bursts(tmp_path: Path) -> None:
+    """A container's share of its pod's energy is its CPU time over the window that energy was recorded in,
+    not a share from another window: bursts that start and end between container reads are paid. Within
+    a window every CPU second of the pod is worth the same; here a burst also raises the node's power per
+    CPU second, so the burst is paid 2 % short (the node's power moves less on a real node)."""
+    node = one_second_node(tmp_path)
+    uid = str(uuid.uuid4())
+    node.load.add_pod("a", "p", uid, {"burst": 0.0, "steady": 1.0})
+    node.sampler.sample()
+    for _ in range(6):
+        node.load.set_rate(uid, "burst", 3.0)
+        sample_only(node, 3)
+        node.load.set_rate(uid, "burst", 0.0)
+        sample_only(node, 4)
+    snap = node.sampler.snapshot()
+    for name in ("burst", "steady"):
+        assert container_of(snap, uid, name)["package"] == pytest.approx(
+            node.load.expected_container_joules(uid, name, "package"), rel=0.03
+        )
+    assert container_of(snap, uid, "burst")["package"] + container_of(snap, uid, "steady")[
+        "package"
+    ] == pytest.approx(pod_of(snap, uid)["package"], rel=1e-12)
+
+
+def test_without_container_metrics_no_container_is_read(tmp_path: Path) -> None:
+    node = one_second_node(tmp_path, containers=False)
+    uid = str(uuid.uuid4())
+    pod = node.load.add_pod("a", "p", uid, {"app": 1.0})
+    node.sampler.sample()
+    reads = counting_reads(node.sampler)
+    snap = node.run(10.0, step=1.0)
+    assert set(reads) == {str(tmp_path / node.load.cgroup_base / pod.rel_dir / "cpu.stat")}
+    assert node.sampler.cgroups.listings == 0
+    assert snap.containers == ()
+    assert pod_of(snap, uid)["package"] == pytest.approx(
+        node.load.expected_pod_joules(uid, "package"), rel=1e-4
+    )
