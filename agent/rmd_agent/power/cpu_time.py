@@ -406,10 +406,22 @@ class CgroupCpuReader:
         known_before, self._known = self._known, {}
         every = self.split_every or 1
         containers = self.split_every is not None
+        read, version = self.files.read, self.root.version
         for rel, uid, qos in pod_dirs:
-            pod_path = f"{base}/{rel}"
             known = known_before.get(rel)
             try:
+                if (
+                    known is not None
+                    and known.reads + 1 < RELIST_EVERY
+                    and (not containers or known.since_split + 1 < every)
+                ):  # most pods, most samples: the pod's own file only
+                    pod = PodCpu(uid, qos, _parse_usage_ns(read(known.usage_path), version))
+                    known.reads += 1
+                    known.since_split += 1
+                    self._known[rel] = known
+                    pods[uid] = pod
+                    continue
+                pod_path = f"{base}/{rel}"
                 fresh = known is None or known.reads + 1 >= RELIST_EVERY
                 stagger = None
                 if fresh:

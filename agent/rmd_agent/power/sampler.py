@@ -161,7 +161,10 @@ class PowerSampler:
         self.pod_meta: PodMetaSource = pod_meta if pod_meta is not None else KubeletLogDirs(fs)
         self.ledger = EnergyLedger(remainder=POD_OVERHEAD)
         self._lock = threading.Lock()
-        self._snapshot: PowerSnapshot | None = PowerSnapshot(0, "not sampled yet", 0.0, 0.0)  # None: build
+        self._snapshot = PowerSnapshot(0, "not sampled yet", 0.0, 0.0)
+        # a sample since the snapshot was built: the next read builds another (the old one is freed then,
+        # by the reader: 8,000 series at 500 pods take a millisecond to free)
+        self._stale = False
         self._stats = SamplerStats()
         self._last_time: float | None = None
         self._interval_seconds = 0.0  # length of the last interval
@@ -178,9 +181,10 @@ class PowerSampler:
 
     def snapshot(self) -> PowerSnapshot:
         with self._lock:
-            if self._snapshot is None:
+            if self._stale:
                 self._split_pending()
                 self._snapshot = self._build()
+                self._stale = False
             return self._snapshot
 
     def mark_exported(self, uids: set[str]) -> None:
@@ -191,7 +195,7 @@ class PowerSampler:
             for uid in uids:
                 self._terminated.pop(uid, None)
             snap = self._snapshot
-            if snap is None:  # the next build leaves them out
+            if self._stale:  # the next build leaves them out
                 return
             self._snapshot = dataclasses.replace(
                 snap,
@@ -233,7 +237,7 @@ class PowerSampler:
         terminated pods exported must not interleave with the sample moving pods in and out."""
         with self._lock:
             self._sample()
-            self._snapshot = None
+            self._stale = True
 
     def _sample(self) -> None:
         started = time.perf_counter()
@@ -486,7 +490,7 @@ class PowerSampler:
         errors[source] = errors.get(source, 0) + n
         self._stats = dataclasses.replace(self._stats, errors=errors)
         with self._lock:
-            if self._snapshot is not None:
+            if not self._stale:
                 self._snapshot = dataclasses.replace(self._snapshot, stats=self._stats)
 
     def _finish_stats(self, errors: Mapping[str, int], duration: float) -> None:
