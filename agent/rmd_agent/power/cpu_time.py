@@ -357,11 +357,11 @@ class CgroupCpuReader:
             # containers not due, or the pod idle since they were read (its CPU time counts theirs, so none
             # of them ran): their files stay open, unread
             known.reads += 1
-            known.since_split += 1
-            if split:  # idle: what was read last is what they hold
-                known.since_split = 0
-                return known, PodCpu(known.uid, known.qos, usage, *known.last)
-            return known, PodCpu(known.uid, known.qos, usage, None)
+            if not split:
+                known.since_split += 1
+                return known, PodCpu(known.uid, known.qos, usage)
+            known.since_split = 0  # idle: what was read last is what they hold
+            return known, PodCpu(known.uid, known.qos, usage, *known.last)
         read = self._read_containers(known, version)
         if not fresh and (
             read is None
@@ -457,9 +457,10 @@ class CgroupCpuReader:
         if self.root is None or not uids or self.split_every is None:
             return {}
         base = str(self.fs.path(self.root.hierarchy))
+        wanted = set(uids)
         out: dict[str, PodCpu] = {}
         for rel, known in list(self._known.items()):
-            if known.uid not in uids:
+            if known.uid not in wanted:
                 continue
             try:
                 known, pod = self._read_pod(f"{base}/{rel}", known, fresh=False, split=True)

@@ -260,9 +260,7 @@ class PowerSampler:
         for uid, pod in reading.pods.items():
             if pod.containers is not None:
                 self._split(uid, pod)
-        if self._skip_changed:
-            self._skip_changed = False
-            self.cgroups.skip = frozenset(cid for state in self._pods.values() for cid in state.unnamed)
+        self._update_skip()
         if reading.complete:
             gone = [u for u in self._pods if u not in reading.pods and u not in reading.unreadable]
             for uid in gone:
@@ -421,6 +419,10 @@ class PowerSampler:
             if uid in self._pods and pod.containers is not None:
                 self._split(uid, pod)
         self.ledger.settle_all()  # those not read now: by their last shares
+        self._update_skip()
+
+    def _update_skip(self) -> None:
+        """Tell the reader which containers to leave unread: those without a name so far."""
         if self._skip_changed:
             self._skip_changed = False
             self.cgroups.skip = frozenset(cid for state in self._pods.values() for cid in state.unnamed)
