@@ -44,13 +44,20 @@ def listed_dirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+def read_then_count_listings(
+    load: SimLoad, monkeypatch: pytest.MonkeyPatch
+) -> tuple[CgroupCpuReader, list[str]]:
+    """A reader that has read once, and the directories it lists from now on."""
+    reader = CgroupCpuReader(HostFS(load.root))
+    reader.read()
+    return reader, listed_dirs(monkeypatch)
+
+
 def test_steady_reads_list_no_pod_directory(
     node: tuple[SimLoad, list[SimLoadPod]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     load, pods = node
-    reader = CgroupCpuReader(HostFS(load.root))
-    reader.read()
-    calls = listed_dirs(monkeypatch)
+    reader, calls = read_then_count_listings(load, monkeypatch)
     for _ in range(5):
         load.advance(1.0)
         reading = reader.read()
@@ -66,9 +73,7 @@ def test_new_and_removed_pods_are_seen_at_the_next_read(
 ) -> None:
     """The QoS directories are listed again only when their link count (2 + subdirectories) moves."""
     load, pods = node
-    reader = CgroupCpuReader(HostFS(load.root))
-    reader.read()
-    calls = listed_dirs(monkeypatch)
+    reader, calls = read_then_count_listings(load, monkeypatch)
     new = load.add_pod("ns", "new", str(uuid.uuid4()), {"app": 0.5}, qos="besteffort")
     load.advance(1.0)
     assert new.uid in reader.read().pods
