@@ -164,7 +164,7 @@ class EnergyLedger:
         self.containers: dict[tuple[str, str], dict[str, float]] = {}
         self.system: dict[str, float] = {}
         self._split_at: dict[str, dict[str, float]] = {}  # uid -> kind -> the pod's joules at its last split
-        self.fractions: dict[str, dict[str, float]] = {}  # uid -> container -> share, of the last split
+        self.fractions: dict[str, Mapping[str, float]] = {}  # uid -> container -> share, of the last split
         self.carry: Mapping[str, float] = {}  # Shares.carry of the last interval
         self._kinds: list[str] = []
         self._power: IntervalPower | None = IntervalPower({}, {}, {}, {}, 0.0)
@@ -257,7 +257,7 @@ class EnergyLedger:
         waiting = self.pending(uid)
         self._split_at[uid] = dict(self.pods.get(uid, {}))
         if any(fractions.values()):
-            self.fractions[uid] = dict(fractions)
+            self.fractions[uid] = fractions
         elif any(waiting.values()):  # joules, but no container used CPU in the window: the last shares
             last = self.fractions.get(uid)
             if last is not None:
@@ -268,11 +268,9 @@ class EnergyLedger:
         for name, fraction in fractions.items():
             entry = containers.get((uid, name))
             if entry is None:
-                entry = containers[(uid, name)] = {}
+                entry = containers[(uid, name)] = dict.fromkeys(self._kinds, 0.0)
             for kind, pod_joules in waiting.items():
                 entry[kind] = entry.get(kind, 0.0) + pod_joules * fraction
-            for kind in self._kinds:
-                entry.setdefault(kind, 0.0)
 
     def settle_all(self) -> None:
         """Split every pod's pending joules by its last shares (or to `remainder`)."""

@@ -399,6 +399,8 @@ class PowerSampler:
     def _name_unread(self, state: _PodState, pod: PodCpu) -> None:
         """Containers left unread for want of a name are read from the next split on once they have one
         (their first read a baseline); the pod's unnamed ones are those unread now, or read and unnamed."""
+        if not (pod.unread or state.unnamed or state.named_since):
+            return
         unnamed = {cid for cid in state.unnamed if cid in (pod.containers or ()) and cid not in state.names}
         for cid in pod.unread:
             if self.pod_meta.container_name(cid) is None:
