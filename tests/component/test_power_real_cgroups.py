@@ -78,3 +78,16 @@ def test_pods_made_and_removed_on_cgroupfs_are_seen_without_listing_every_read(
     listed.clear()
     reader.read()
     assert listed == []
+
+
+def test_a_pod_replaced_between_two_reads_is_seen_one_read_later(tree: RealCgroupTree) -> None:
+    """One pod removed and another made between two reads leave the link count as it was; the removed pod's
+    kept file fails (ENODEV on cgroupfs), so the next read lists the directories and finds the new pod."""
+    first, first_dir, first_dirs = tree.add_pod(0, containers=1)
+    reader = CgroupCpuReader(tree.fs)
+    assert set(reader.read().pods) == {first}
+    for directory in (*first_dirs, first_dir):
+        directory.rmdir()
+    second, _dir, _dirs = tree.add_pod(3, containers=1)  # the same QoS directory as the first
+    assert set(reader.read().pods) == set()
+    assert set(reader.read().pods) == {second}

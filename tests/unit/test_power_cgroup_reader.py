@@ -71,7 +71,9 @@ def test_steady_reads_list_no_pod_directory(
 def test_new_and_removed_pods_are_seen_at_the_next_read(
     node: tuple[SimLoad, list[SimLoadPod]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The QoS directories are listed again only when their link count (2 + subdirectories) moves."""
+    """The QoS directories are listed again only when their link count (2 + subdirectories) moves. (The
+    simulator's tmpfs keeps a removed file readable through a kept descriptor, so here the removal is seen
+    by the link count alone; cgroupfs also fails the read: tests/component/test_power_real_cgroups.py.)"""
     load, pods = node
     reader, calls = read_then_count_listings(load, monkeypatch)
     new = load.add_pod("ns", "new", str(uuid.uuid4()), {"app": 0.5}, qos="besteffort")

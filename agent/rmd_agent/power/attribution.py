@@ -9,7 +9,9 @@ Per interval and RAPL zone (docs/power.md has the reasoning):
     container j    = pod i * cpu_j / max(cpu_i, Σ cpu of the pod's containers)
 
 so idle + system + Σ pods is the zone's energy, and a pod's containers add up to the pod when the caller
-lists the pod's own remainder (sandbox, conmon) as a container too. Using max(…) in the denominators keeps
+lists the pod's own remainder (sandbox, conmon) as a container too. The ledger applies the container line
+to a window of intervals at once (a pod's joules since its containers were last read, by their CPU time
+over that window), because containers are read less often than pods. Using max(…) in the denominators keeps
 the parts inside the whole when readings taken at different moments disagree.
 Remainders are clamped at zero: a counter must never go down, and the clamp only ever drops rounding noise.
 
@@ -148,11 +150,11 @@ class EnergyLedger:
 
     `record` runs every sample (once a second at 500 pods), so it adds each pod's joules in one pass without
     building a `ZoneSplit` per kind, and leaves the interval's watts (`power`) to be worked out only when
-    something reads them (a scrape, every 15 s or so). A pod's joules are `pending` until `split` shares
-    them among its containers by their CPU time over the same window (a sampler reads containers less
-    often than pods): the window's own shares, applied once, so a container's total is what it used, not
-    what its share was at some other time. Given containers every interval, the ledger gives exactly what
-    `split_energy` gives, to the last bit (tests/unit/test_power_attribution.py).
+    something reads them (a scrape, every 15 s or so). A pod's joules since its last split are pending until
+    `split` shares them among its containers by their CPU time over the window they were recorded in (a
+    sampler reads containers less often than pods): the window's own shares, applied once, so a container's
+    total is what it used, not what its share was at some other time. Split after every interval, the ledger
+    gives exactly what `split_energy` gives, to the last bit (tests/unit/test_power_attribution.py).
     """
 
     def __init__(self, remainder: str | None = None) -> None:
@@ -172,19 +174,19 @@ class EnergyLedger:
         self._node_power: dict[ZoneKey, NodeZoneTotals] = {}
         self._system_power: dict[str, float] = {}
 
-    def track(self, pods: Iterable[str], containers: Iterable[tuple[str, str]], kinds: Iterable[str]) -> None:
-        """Start counters at zero for pods and containers present now, so idle ones are exported too."""
+    def track(self, pods: Iterable[str], kinds: Iterable[str]) -> None:
+        """Start counters at zero for pods present now, so idle ones are exported too; a zone kind found
+        late is added at zero to every counter."""
         kind_list = sorted(kinds)
-        if kind_list != self._kinds:  # a zone kind found late: every counter gets it
+        if kind_list != self._kinds:
             self._kinds = kind_list
             pods = [*self.pods, *pods]
-            containers = [*self.containers, *containers]
+            _start_at_zero(self.containers, list(self.containers), kind_list)
         _start_at_zero(self.pods, pods, kind_list)
-        _start_at_zero(self.containers, containers, kind_list)
 
     def record(self, seconds: float, zone_energy: Mapping[ZoneKey, float], cpu: CpuDeltas) -> Shares:
-        """Add one interval: `zone_energy` in joules per node zone, `cpu` the interval's CPU time. Pods in
-        `cpu.containers` are split among their containers at once."""
+        """Add one interval: `zone_energy` in joules per node zone, `cpu` the interval's CPU time of the node
+        and the pods (`cpu.containers` is not looked at: `split` shares a pod's joules among them)."""
         shares = cpu_shares(cpu, self.carry)
         self.carry = shares.carry
         by_kind: dict[str, float] = {}
@@ -215,8 +217,6 @@ class EnergyLedger:
                 pod_joules = active * fraction
                 entry[kind] = entry.get(kind, 0.0) + pod_joules
                 pods_by_kind[kind].append(pod_joules)
-        for uid, parts in shares.containers.items():
-            self._settle(uid, parts)
         system_power: dict[str, float] = {}
         for kind, active in kinds:
             system = max(0.0, active - math.fsum(pods_by_kind[kind]))
@@ -237,11 +237,11 @@ class EnergyLedger:
         whole = max(pod_cpu, math.fsum(part_cpu.values()))
         self._settle(uid, {name: (t / whole if whole > 0 else 0.0) for name, t in part_cpu.items()})
 
-    def pending(self, uid: str) -> dict[str, float]:
+    def _pending(self, uid: str) -> dict[str, float]:
         """The pod's joules since its last split, per kind (not in any container yet)."""
         totals = self.pods.get(uid, {})
         at = self._split_at.get(uid, {})
-        return {kind: joules - at.get(kind, 0.0) for kind, joules in totals.items()}
+        return {kind: max(0.0, joules - at.get(kind, 0.0)) for kind, joules in totals.items()}
 
     def pending_pods(self) -> list[str]:
         """The pods with joules not split among their containers yet."""
@@ -254,23 +254,30 @@ class EnergyLedger:
         return out
 
     def _settle(self, uid: str, fractions: Mapping[str, float]) -> None:
-        waiting = self.pending(uid)
-        self._split_at[uid] = dict(self.pods.get(uid, {}))
+        """Add the pod's pending joules to its containers by `fractions`; when no container used CPU in the
+        window, by the last split's shares, else to `remainder`, else they stay pending."""
+        waiting = self._pending(uid)
+        settle = True
         if any(fractions.values()):
             self.fractions[uid] = fractions
-        elif any(waiting.values()):  # joules, but no container used CPU in the window: the last shares
+        elif any(waiting.values()):
             last = self.fractions.get(uid)
             if last is not None:
                 fractions = last
             elif self.remainder is not None:
                 fractions = {**fractions, self.remainder: 1.0}
+            else:
+                settle = False
         containers = self.containers
         for name, fraction in fractions.items():
             entry = containers.get((uid, name))
             if entry is None:
-                entry = containers[(uid, name)] = dict.fromkeys(self._kinds, 0.0)
-            for kind, pod_joules in waiting.items():
-                entry[kind] = entry.get(kind, 0.0) + pod_joules * fraction
+                entry = containers[(uid, name)] = dict.fromkeys([*self._kinds, *waiting], 0.0)
+            if settle:
+                for kind, pod_joules in waiting.items():
+                    entry[kind] = entry.get(kind, 0.0) + pod_joules * fraction
+        if settle:
+            self._split_at[uid] = dict(self.pods.get(uid, {}))
 
     def settle_all(self) -> None:
         """Split every pod's pending joules by its last shares (or to `remainder`)."""
@@ -304,9 +311,11 @@ class EnergyLedger:
     def restore(
         self, uid: str, pod: Mapping[str, float], containers: Mapping[str, Mapping[str, float]]
     ) -> None:
-        """Put back the totals `forget_pod` returned (a pod taken for gone is back); nothing is pending."""
+        """Put back the totals `forget_pod` returned (a pod taken for gone is back); what its containers do
+        not hold of the pod's joules is pending again."""
         self.pods[uid] = dict(pod)
-        self._split_at[uid] = dict(pod)
+        held = {kind: math.fsum(parts.get(kind, 0.0) for parts in containers.values()) for kind in pod}
+        self._split_at[uid] = {kind: min(joules, held[kind]) for kind, joules in pod.items()}
         for name, totals in containers.items():
             self.containers[(uid, name)] = dict(totals)
 

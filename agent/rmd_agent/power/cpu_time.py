@@ -29,7 +29,7 @@ import os
 import resource
 import weakref
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from rmd_agent.errors import HostReadError, Unsupported
@@ -218,19 +218,21 @@ class _KnownPod:
     containers_ns: int = 0
     reads: int = 0
     since_split: int = 0
-    last: tuple[dict[str, tuple[str, int]], tuple[str, ...]] = ({}, ())  # the last read: read, unread
+    # the last read of the containers: read, unread
+    last: tuple[dict[str, tuple[str, int]], tuple[str, ...]] = field(default_factory=lambda: ({}, ()))
     # False after a listing made for unexplained CPU time found no new container (it is the unread ones'):
     # no more listings for that until the next periodic one
     check_unexplained: bool = True
 
 
 class CgroupCpuReader:
-    """Reads pod CPU time on every `read()`, and the pods' containers' every `split_every` reads (or on
-    `read_containers`; None: never, pods only); finds the pod root on first use."""
+    """Reads pod CPU time on every `read()`, and the pods' containers' every `split_every` reads (and on
+    `read_containers`), unless `containers` is off; finds the pod root on first use."""
 
-    def __init__(self, fs: HostFS, split_every: int | None = 1) -> None:
+    def __init__(self, fs: HostFS, split_every: int = 1, *, containers: bool = True) -> None:
         self.fs = fs
         self.split_every = split_every
+        self.containers = containers
         self.root: PodRoot | None = None
         self.status: Unsupported | None = Unsupported("pod cgroups not looked for yet")
         self._known: dict[str, _KnownPod] = {}  # pod directory -> as last listed
@@ -306,7 +308,7 @@ class CgroupCpuReader:
         """The pod directory listed (the files of containers `before` knew and it does not are closed)."""
         assert self.root is not None
         usage_file = "cpu.stat" if self.root.version == 2 else "cpuacct.usage"
-        if self.split_every is None:  # pods only
+        if not self.containers:  # pods only
             return _KnownPod(uid, qos, f"{pod_path}/{usage_file}", [])
         self.listings += 1
         containers = []
@@ -338,6 +340,16 @@ class CgroupCpuReader:
             return None
         return out, tuple(unread)
 
+    def _read_listed(
+        self, known: _KnownPod, version: int
+    ) -> tuple[dict[str, tuple[str, int]], tuple[str, ...]] | None:
+        """`_read_containers` of a fresh listing, whose files nobody else would close if the read fails."""
+        try:
+            return self._read_containers(known, version)
+        except (OSError, ValueError):
+            self.files.forget([path for _cid, _runtime, path in known.containers])
+            raise
+
     def _read_pod(
         self, pod_path: str, known: _KnownPod, fresh: bool, split: bool
     ) -> tuple[_KnownPod, PodCpu]:
@@ -362,7 +374,7 @@ class CgroupCpuReader:
                 return known, PodCpu(known.uid, known.qos, usage)
             known.since_split = 0  # idle: what was read last is what they hold
             return known, PodCpu(known.uid, known.qos, usage, *known.last)
-        read = self._read_containers(known, version)
+        read = self._read_listed(known, version) if fresh else self._read_containers(known, version)
         if not fresh and (
             read is None
             or (
@@ -374,10 +386,10 @@ class CgroupCpuReader:
             known = self._list(pod_path, known.uid, known.qos, known)
             known.check_unexplained = read is None or before != {c for c, _r, _p in known.containers}
             fresh = True
-            read = self._read_containers(known, version)
+            read = self._read_listed(known, version)
         if read is None:  # a container exited between listing and reading
             known = self._list(pod_path, known.uid, known.qos, known)
-            read = self._read_containers(known, version) or ({}, ())
+            read = self._read_listed(known, version) or ({}, ())
         containers, unread = read
         known.pod_ns, known.containers_ns = usage, _total(containers)
         known.last = read
@@ -404,8 +416,7 @@ class CgroupCpuReader:
             self.files.close()
             return PodCpuReading({}, complete=False, errors=(f"{where}: {exc.strerror}",))
         known_before, self._known = self._known, {}
-        every = self.split_every or 1
-        containers = self.split_every is not None
+        every, containers = self.split_every, self.containers
         read, version = self.files.read, self.root.version
         for rel, uid, qos in pod_dirs:
             known = known_before.get(rel)
@@ -454,7 +465,7 @@ class CgroupCpuReader:
     def read_containers(self, uids: Collection[str]) -> dict[str, PodCpu]:
         """The listed pods among `uids` read now with their containers (those gone or unreadable left
         out), outside the sampling cycle: for a caller that needs every container's share up to now."""
-        if self.root is None or not uids or self.split_every is None:
+        if self.root is None or not uids or not self.containers:
             return {}
         base = str(self.fs.path(self.root.hierarchy))
         wanted = set(uids)
@@ -462,11 +473,13 @@ class CgroupCpuReader:
         for rel, known in list(self._known.items()):
             if known.uid not in wanted:
                 continue
+            reads, since_split = known.reads, known.since_split
             try:
                 known, pod = self._read_pod(f"{base}/{rel}", known, fresh=False, split=True)
             except (OSError, ValueError):
                 continue  # the next sample sees why
-            known.reads -= 1  # not a sample: the relist cycle counts samples
+            # not a sample: the relist and container cycles count samples, and stay staggered
+            known.reads, known.since_split = reads, since_split
             self._known[rel] = known
             out[known.uid] = pod
         return out

@@ -9,8 +9,8 @@ caught by `run()`, counted as "internal", logged, and the loop keeps its schedul
 The snapshot is built when it is first read after a sample (a scrape), not by every sample: at a 1 s
 interval and a 15 s scrape, fourteen of fifteen would never be read.
 
-`sample()` runs in the event loop's thread on purpose: it is small file reads and arithmetic, tens of
-milliseconds at 500 pods (bench/power_overhead.py), and running it between other tasks, not beside them,
+`sample()` runs in the event loop's thread on purpose: it is small file reads and arithmetic, under 10 ms
+at 500 pods (bench/power_overhead.py), and running it between other tasks, not beside them,
 means a test driving a simulated node from the same loop always sees a consistent node.
 """
 
@@ -125,7 +125,7 @@ class _PodState:
     # containers without a name (the sandbox, or one whose name is not known yet) are not read: their CPU
     # time is the pod's remainder either way; once named, their first read is only a baseline
     unnamed: set[str] = field(default_factory=set)
-    named_since: set[str] = field(default_factory=set)
+    baseline_next: set[str] = field(default_factory=set)  # named since their last read: next read a baseline
 
 
 class PowerSampler:
@@ -152,18 +152,20 @@ class PowerSampler:
         self.meta_grace_seconds = meta_grace_seconds
         self.max_terminated = max_terminated
         self.rapl = RaplSampler(fs)
-        self.containers = containers
-        # containers are read at most every CONTAINER_WINDOW_SECONDS (and when a snapshot is built), pods
-        # every interval: a container's share is the same over a window, a pod's energy is not
-        split_every = max(1, round(CONTAINER_WINDOW_SECONDS / interval)) if interval > 0 else 1
-        self.cgroups = CgroupCpuReader(fs, split_every if containers else None)
+        self.per_container = containers
+        # pods are read every interval, their containers at least every CONTAINER_WINDOW_SECONDS (and when
+        # a snapshot is built): a pod's energy changes from one interval to the next, and a container's
+        # share of it is taken over the whole window
+        split_every = max(1, int(CONTAINER_WINDOW_SECONDS // interval)) if interval > 0 else 1
+        self.cgroups = CgroupCpuReader(fs, split_every, containers=containers)
         self.pod_meta: PodMetaSource = pod_meta if pod_meta is not None else KubeletLogDirs(fs)
-        self.ledger = EnergyLedger(remainder=POD_OVERHEAD)
+        self.ledger = EnergyLedger(remainder=POD_OVERHEAD if containers else None)
         self._lock = threading.Lock()
         self._snapshot = PowerSnapshot(0, "not sampled yet", 0.0, 0.0)
         # a sample since the snapshot was built: the next read builds another (the old one is freed then,
         # by the reader: 8,000 series at 500 pods take a millisecond to free)
         self._stale = False
+        self._closed = False  # close() ran: a snapshot reads no file (it would open them again)
         self._stats = SamplerStats()
         self._last_time: float | None = None
         self._interval_seconds = 0.0  # length of the last interval
@@ -229,12 +231,14 @@ class PowerSampler:
     def close(self) -> None:
         """Close the cgroup files kept open between samples (a later sample opens them again)."""
         with self._lock:
+            self._closed = True
             self.cgroups.files.close()
 
     def sample(self) -> None:
         """Take one sample; `snapshot()` shows it. Holds the lock throughout: a scrape thread marking
         terminated pods exported must not interleave with the sample moving pods in and out."""
         with self._lock:
+            self._closed = False
             self._sample()
             self._stale = True
 
@@ -251,9 +255,9 @@ class PowerSampler:
         seconds = now - self._last_time if self._last_time is not None else 0.0
         self._interval_seconds = seconds
         self._revive(reading.pods)
-        self._resolve_meta(reading)
+        self._resolve_meta(reading.pods)
         cpu, new = self._pod_deltas(proc, reading, now)
-        self.ledger.track(new, (), {z.key.kind for z in self.rapl.zones})
+        self.ledger.track(new, {z.key.kind for z in self.rapl.zones})
         if self._last_time is not None:
             self.ledger.record(seconds, zone_energy, cpu)
         for uid, pod in reading.pods.items():
@@ -351,14 +355,14 @@ class PowerSampler:
         # A container not read last time may have started since, or may have run unseen (not listed yet, or
         # left unread without a name), its CPU time in the pod's remainder so far: it is paid at most this
         # window's remainder, never its whole life.
-        before_all, names, named_since = state.containers, state.names, state.named_since
+        before_all, names, baseline_next = state.containers, state.names, state.baseline_next
         usage_now: dict[str, int] = {}
         by_name: dict[str, int] = {}
         first_seen: list[tuple[str, int]] = []
         for cid, (_runtime, usage) in pod.containers.items():
             before = before_all.get(cid)
-            if cid in named_since:  # was left unread: only a baseline now
-                named_since.discard(cid)
+            if cid in baseline_next:  # was left unread: only a baseline now
+                baseline_next.discard(cid)
                 delta = 0
                 usage_now[cid] = usage
             elif before is None:
@@ -398,27 +402,32 @@ class PowerSampler:
     def _name_unread(self, state: _PodState, pod: PodCpu) -> None:
         """Containers left unread for want of a name are read from the next split on once they have one
         (their first read a baseline); the pod's unnamed ones are those unread now, or read and unnamed."""
-        if not (pod.unread or state.unnamed or state.named_since):
+        if not (pod.unread or state.unnamed or state.baseline_next):
             return
         unnamed = {cid for cid in state.unnamed if cid in (pod.containers or ()) and cid not in state.names}
         for cid in pod.unread:
             if self.pod_meta.container_name(cid) is None:
                 unnamed.add(cid)
             else:
-                state.named_since.add(cid)  # until it is read
-        state.named_since &= {*pod.unread, *(pod.containers or ())}
+                state.baseline_next.add(cid)  # until it is read
+        state.baseline_next &= {*pod.unread, *(pod.containers or ())}
         if unnamed != state.unnamed:
             state.unnamed = unnamed
             self._skip_changed = True
 
     def _split_pending(self) -> None:
         """Before a snapshot: every pod's energy since its last split goes to its containers, by their CPU
-        time read now, so the exported containers add up to their pods."""
-        if not self.containers:
+        time up to now, so the exported containers add up to their pods. (That energy was recorded up to the
+        last sample, the CPU time is read now: the CPU time in between is shared with this window's energy,
+        and its energy comes in the next window.)"""
+        if not self.per_container:
             return
-        for uid, pod in self.cgroups.read_containers(self.ledger.pending_pods()).items():
-            if uid in self._pods and pod.containers is not None:
-                self._split(uid, pod)
+        if not self._closed:
+            pods = self.cgroups.read_containers(self.ledger.pending_pods())
+            self._resolve_meta(pods)  # a container listed just now gets its name first
+            for uid, pod in pods.items():
+                if uid in self._pods and pod.containers is not None:
+                    self._split(uid, pod)
         self.ledger.settle_all()  # those not read now: by their last shares
         self._update_skip()
 
@@ -435,20 +444,21 @@ class PowerSampler:
         state.names[cid] = found
         return found
 
-    def _resolve_meta(self, reading: PodCpuReading) -> None:
+    def _resolve_meta(self, pods: Mapping[str, PodCpu]) -> None:
         """Names for new pods and containers, looked up before attribution so a new container's first
-        window already lands under its name."""
-        states = self._pods
-        new_uids = [uid for uid in reading.pods if uid not in self._meta]
-        new_cids = []
-        for uid, pod in reading.pods.items():
+        window already lands under its name. Every pod and container still without a name is passed each
+        time: the source lists the kubelet's directories for names it was not asked for before (at most once
+        a minute for the same ones)."""
+        uids = {uid for uid in (*pods, *self._pods) if uid not in self._meta}
+        ids = set(self.cgroups.skip)  # every pod's unread containers: no name yet
+        for uid, pod in pods.items():
             if pod.containers is None:
                 continue
-            state = states.get(uid)
+            state = self._pods.get(uid)
             named = state.names if state is not None else {}
-            new_cids += [cid for cid in (*pod.containers, *pod.unread) if cid not in named]
-        self.pod_meta.refresh(new_uids, new_cids)
-        for uid in new_uids:
+            ids.update(cid for cid in (*pod.containers, *pod.unread) if cid not in named)
+        self.pod_meta.refresh(uids, ids)
+        for uid in uids:
             meta = self.pod_meta.pod(uid)
             if meta is not None:
                 self._meta[uid] = meta
@@ -476,7 +486,9 @@ class PowerSampler:
         watts: dict[str, float] = {}
         meta = self._meta.get(uid, PodMeta("", ""))
         totals, containers = self.ledger.forget_pod(uid)
-        self._pods.pop(uid, None)
+        state = self._pods.pop(uid, None)
+        if state is not None and state.unnamed:
+            self._skip_changed = True
         pod = PodEnergy(uid, meta.namespace, meta.name, totals, watts, terminated=True)
         parts = tuple(
             ContainerEnergy(uid, meta.namespace, meta.name, name, energy, {}, terminated=True)
