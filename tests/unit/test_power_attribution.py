@@ -600,11 +600,11 @@ def one_second_node(root: Path, **kwargs: Any) -> Node:
     return node
 
 
-def test_at_1s_containers_are_read_every_5s_and_for_a_snapshot(tmp_path: Path) -> None:
+def test_at_1s_containers_are_read_every_5_to_9s_and_for_a_snapshot(tmp_path: Path) -> None:
     """Reading every container every second was most of a sample at 500 pods. Pods are read every sample,
-    a pod's containers every 5 s and when a snapshot is built: each pod's energy since its containers were
-    last read is shared among them by their CPU time over that same window, so the exported containers add
-    up to their pod and match the truth."""
+    a pod's containers every 5 to 9 s and when a snapshot is built: each pod's energy since its containers
+    were last read is shared among them by their CPU time over that same window, so the exported containers
+    add up to their pod and match the truth."""
     node = one_second_node(tmp_path)
     pods = [
         node.load.add_pod("a", f"p{i}", str(uuid.uuid4()), {"app": 0.5 + i / 4, "side": 0.25})
@@ -616,7 +616,8 @@ def test_at_1s_containers_are_read_every_5s_and_for_a_snapshot(tmp_path: Path) -
     pod_files = {str(tmp_path / node.load.cgroup_base / p.rel_dir / "cpu.stat") for p in pods}
     assert {p: reads.count(p) for p in pod_files} == dict.fromkeys(pod_files, 10)
     container_reads = [p for p in reads if p not in pod_files]
-    assert {p: container_reads.count(p) for p in container_reads} == dict.fromkeys(container_reads, 2)
+    # every 5 to 9 samples, pods spread over the cycle: once or twice in 10 samples
+    assert {container_reads.count(p) for p in container_reads} == {1, 2}
     assert len(set(container_reads)) == 2 * len(pods)  # the sandboxes are not read
     snap = node.sampler.snapshot()
     for pod in pods:
@@ -707,8 +708,9 @@ def test_a_container_a_scrape_finds_first_is_named_and_paid(tmp_path: Path) -> N
 
 
 def test_container_reads_stay_staggered_after_a_scrape(tmp_path: Path) -> None:
-    """A scrape reads every busy pod's containers; the pods' 5 s cycles stay where they were, so the
-    samples after it still read a fifth of the containers each, not all of them every fifth sample."""
+    """A scrape reads every busy pod's containers, which restarts every pod's cycle; the cycles are 5 to 9
+    samples long, one length per pod, so the samples after it still read a fifth of the containers each,
+    not all of them every fifth sample."""
     node = one_second_node(tmp_path)
     for i in range(10):
         node.load.add_pod("a", f"p{i}", str(uuid.uuid4()), {"app": 0.1, "side": 0.1})
@@ -721,4 +723,5 @@ def test_container_reads_stay_staggered_after_a_scrape(tmp_path: Path) -> None:
         reads.clear()
         sample_only(node, 1)
         per_sample.append(len(reads) - 10)  # less the pods' own files
-    assert per_sample == [4] * 10
+    assert max(per_sample) == 4  # two pods' containers at most: no sample reads them all
+    assert sum(per_sample) >= 20  # and each container is read within the 10 samples

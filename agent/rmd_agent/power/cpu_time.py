@@ -6,8 +6,9 @@ kubelet's pod root a fixed two levels deep (QoS directory, pod) and named by `cg
 drivers and every QoS class are covered without knowing the kubelet's configuration.
 
 At 500 pods of 2 containers a sample would read 1,500 files, so the reader reads each pod's file every
-sample and its containers' only every `split_every` samples (the power sampler splits a pod's energy among
-its containers over that window, and for a snapshot calls `read_containers`). It remembers each pod's
+sample and its containers' only every `split_every` to 2 `split_every` - 1 samples, one length per pod (the
+power sampler splits a pod's energy among its containers over that window, and for a snapshot calls
+`read_containers`). It remembers each pod's
 container directories instead of listing every pod directory (dozens of entries each on a real node) every
 time, lists the QoS directories holding the pods only when their link count (2 + subdirectories, on
 cgroupfs as on tmpfs) moves, and keeps the files open (`KeptFiles`): the kernel writes a cgroup file's text
@@ -208,7 +209,7 @@ def _subdirs(path: str) -> list[str]:
 class _KnownPod:
     """A pod directory as last listed: its containers' ids, runtimes and usage files; the pod's and the read
     containers' summed CPU time when its containers were last read; reads since the listing and since the
-    containers were last read."""
+    containers were last read (by a sample or `read_containers`)."""
 
     uid: str
     qos: QoS
@@ -218,6 +219,9 @@ class _KnownPod:
     containers_ns: int = 0
     reads: int = 0
     since_split: int = 0
+    # the containers are read every split_every + slot reads: pods get different slots, so their reads
+    # spread over the samples however they were brought into step (the agent's start, a scrape)
+    slot: int = 0
     # the last read of the containers: read, unread
     last: tuple[dict[str, tuple[str, int]], tuple[str, ...]] = field(default_factory=lambda: ({}, ()))
     # False after a listing made for unexplained CPU time found no new container (it is the unread ones'):
@@ -316,10 +320,12 @@ class CgroupCpuReader:
             parsed = parse_container_dir(child)
             if parsed is not None:
                 containers.append((parsed[1], parsed[0], f"{pod_path}/{child}/{usage_file}"))
+        known = _KnownPod(uid, qos, f"{pod_path}/{usage_file}", containers)
         if before is not None:
             listed = {path for _cid, _runtime, path in containers}
             self.files.forget([path for _c, _r, path in before.containers if path not in listed])
-        return _KnownPod(uid, qos, f"{pod_path}/{usage_file}", containers)
+            known.slot = before.slot
+        return known
 
     def _read_containers(
         self, known: _KnownPod, version: int
@@ -424,7 +430,7 @@ class CgroupCpuReader:
                 if (
                     known is not None
                     and known.reads + 1 < RELIST_EVERY
-                    and (not containers or known.since_split + 1 < every)
+                    and (not containers or known.since_split + 1 < every + known.slot)
                 ):  # most pods, most samples: the pod's own file only
                     pod = PodCpu(uid, qos, _parse_usage_ns(read(known.usage_path), version))
                     known.reads += 1
@@ -434,20 +440,17 @@ class CgroupCpuReader:
                     continue
                 pod_path = f"{base}/{rel}"
                 fresh = known is None or known.reads + 1 >= RELIST_EVERY
-                stagger = None
                 if fresh:
-                    # a pod seen for the first time starts at a staggered point of the relist cycle and of
-                    # the containers' cycle, so pods that appeared together (the agent's start) are not all
-                    # listed, or all have their containers read, in one sample
-                    reads = len(self._known) % RELIST_EVERY if known is None else 0
-                    stagger = len(self._known) % every if known is None else None
+                    # a pod seen for the first time starts at a staggered point of the relist cycle, so pods
+                    # that appeared together (the agent's start) are not all listed in one sample
+                    new = known is None
                     known = self._list(pod_path, uid, qos, known)
-                    known.reads = reads
+                    if new:
+                        known.reads = len(self._known) % RELIST_EVERY
+                        known.slot = len(self._known) % every
                 assert known is not None
-                split = containers and known.since_split + 1 >= every
+                split = containers and known.since_split + 1 >= every + known.slot
                 known, pod = self._read_pod(pod_path, known, fresh and containers, split)
-                if stagger is not None:
-                    known.since_split = stagger
             except FileNotFoundError:
                 self._relist_dirs = True
                 continue  # the pod went away between listing and reading
@@ -473,13 +476,12 @@ class CgroupCpuReader:
         for rel, known in list(self._known.items()):
             if known.uid not in wanted:
                 continue
-            reads, since_split = known.reads, known.since_split
+            reads = known.reads
             try:
                 known, pod = self._read_pod(f"{base}/{rel}", known, fresh=False, split=True)
             except (OSError, ValueError):
                 continue  # the next sample sees why
-            # not a sample: the relist and container cycles count samples, and stay staggered
-            known.reads, known.since_split = reads, since_split
+            known.reads = reads  # not a sample: the relist cycle counts samples
             self._known[rel] = known
             out[known.uid] = pod
         return out

@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 
 POD_OVERHEAD = ""  # container label for a pod's CPU outside its named containers (sandbox, conmon)
 ERROR_SOURCES = ("rapl", "proc_stat", "cgroup", "internal")
-CONTAINER_WINDOW_SECONDS = 5.0  # a pod's containers are read at least this often (and for each snapshot)
+# a pod's containers are read every 1 to 2 times this (staggered over pods), and for each snapshot
+CONTAINER_WINDOW_SECONDS = 5.0
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -153,9 +154,9 @@ class PowerSampler:
         self.max_terminated = max_terminated
         self.rapl = RaplSampler(fs)
         self.per_container = containers
-        # pods are read every interval, their containers at least every CONTAINER_WINDOW_SECONDS (and when
-        # a snapshot is built): a pod's energy changes from one interval to the next, and a container's
-        # share of it is taken over the whole window
+        # pods are read every interval, their containers every 1 to 2 CONTAINER_WINDOW_SECONDS (and when a
+        # snapshot is built): a pod's energy changes from one interval to the next, and a container's share
+        # of it is taken over the whole window
         split_every = max(1, int(CONTAINER_WINDOW_SECONDS // interval)) if interval > 0 else 1
         self.cgroups = CgroupCpuReader(fs, split_every, containers=containers)
         self.pod_meta: PodMetaSource = pod_meta if pod_meta is not None else KubeletLogDirs(fs)
