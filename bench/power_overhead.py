@@ -215,10 +215,10 @@ def accuracy(snap: PowerSnapshot, truth: dict[str, Any]) -> dict[str, float]:
 
 
 def real_tree_reads(pods: int, containers: int, reads: int) -> dict[str, float] | None:
-    """The read step on real kernfs files: the files a sample reads (each pod's and its containers', not the
-    sandbox's) as real cgroups on this machine's cgroup2 mount, each read once per round, kept open and read
-    with pread (the agent's way) and opened, read and closed; CPU per round, the first round left out. None
-    without a writable cgroup2 mount (needs root)."""
+    """The read step on real kernfs files: the files the sampler keeps open (each pod's and its containers',
+    not the sandbox's) as real cgroups on this machine's cgroup2 mount, each read once per round, kept open
+    and read with pread (the agent's way) and opened, read and closed; CPU per round, the first round left
+    out. None without a writable cgroup2 mount (needs root)."""
     with tempfile.TemporaryDirectory(prefix="rmd-bench-cgroups-") as host:
         tree = RealCgroupTree.create(Path(host))
         if tree is None:
@@ -233,7 +233,6 @@ def real_tree_reads(pods: int, containers: int, reads: int) -> dict[str, float] 
             def kept_round() -> None:
                 for path in paths:
                     kept.read(path)
-                kept.end()
 
             def open_round() -> None:
                 for path in paths:

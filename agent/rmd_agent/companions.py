@@ -168,7 +168,9 @@ class Companions:
             from rmd_agent.metrics.power_collector import PowerCollector  # noqa: PLC0415  # optional
             from rmd_agent.power.sampler import PowerSampler  # noqa: PLC0415  # optional
 
-            self.sampler = PowerSampler(fs, interval=settings.power_interval_seconds)
+            self.sampler = PowerSampler(
+                fs, interval=settings.power_interval_seconds, containers=settings.power_containers
+            )
             self.registry.register(PowerCollector(self.sampler, containers=settings.power_containers))
         self.rdt = RdtCollector(fs, self.engine.list)
         self.registry.register(self.rdt)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rmd_agent.power import cpu_time
 from rmd_agent.power.cpu_time import CgroupCpuReader
 from rmd_sim.real_cgroups import RealCgroupTree
 
@@ -54,3 +55,39 @@ def test_kept_usage_files_follow_a_busy_container_and_its_removal(tree: RealCgro
     third = reader.read().pods[uid]
     assert set(third.containers) == {idle}  # ENODEV on the kept file: listed again, gone
     assert len(reader.files) == 2
+
+
+def test_pods_made_and_removed_on_cgroupfs_are_seen_without_listing_every_read(
+    tree: RealCgroupTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader lists the directories holding the pods only when their link count moves: on cgroupfs, as
+    on tmpfs, a directory's link count is 2 + its subdirectories (its modification time does not move)."""
+    first, _pod_dir, _dirs = tree.add_pod(0, containers=1)
+    reader = CgroupCpuReader(tree.fs)
+    assert set(reader.read().pods) == {first}
+    listed: list[str] = []
+    real = cpu_time._subdirs
+    monkeypatch.setattr(cpu_time, "_subdirs", lambda path: listed.append(path) or real(path))
+    reader.read()
+    assert listed == []
+    second, second_dir, second_dirs = tree.add_pod(1, containers=1)
+    assert set(reader.read().pods) == {first, second}
+    for directory in (*second_dirs, second_dir):
+        directory.rmdir()
+    assert set(reader.read().pods) == {first}
+    listed.clear()
+    reader.read()
+    assert listed == []
+
+
+def test_a_pod_replaced_between_two_reads_is_seen_one_read_later(tree: RealCgroupTree) -> None:
+    """One pod removed and another made between two reads leave the link count as it was; the removed pod's
+    kept file fails (ENODEV on cgroupfs), so the next read lists the directories and finds the new pod."""
+    first, first_dir, first_dirs = tree.add_pod(0, containers=1)
+    reader = CgroupCpuReader(tree.fs)
+    assert set(reader.read().pods) == {first}
+    for directory in (*first_dirs, first_dir):
+        directory.rmdir()
+    second, _dir, _dirs = tree.add_pod(3, containers=1)  # the same QoS directory as the first
+    assert set(reader.read().pods) == set()
+    assert set(reader.read().pods) == {second}

@@ -9,8 +9,8 @@ caught by `run()`, counted as "internal", logged, and the loop keeps its schedul
 The snapshot is built when it is first read after a sample (a scrape), not by every sample: at a 1 s
 interval and a 15 s scrape, fourteen of fifteen would never be read.
 
-`sample()` runs in the event loop's thread on purpose: it is small file reads and arithmetic, tens of
-milliseconds at 500 pods (bench/power_overhead.py), and running it between other tasks, not beside them,
+`sample()` runs in the event loop's thread on purpose: it is small file reads and arithmetic, under 10 ms
+at 500 pods (bench/power_overhead.py), and running it between other tasks, not beside them,
 means a test driving a simulated node from the same loop always sees a consistent node.
 """
 
@@ -24,11 +24,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from rmd_agent.errors import HostReadError
 from rmd_agent.hostfs import HostFS
 from rmd_agent.power.attribution import CpuDeltas, EnergyLedger, ZoneKey
-from rmd_agent.power.cpu_time import USER_HZ, CgroupCpuReader, PodCpuReading, ProcStat, read_proc_stat
+from rmd_agent.power.cpu_time import USER_HZ, CgroupCpuReader, PodCpu, PodCpuReading, ProcStat, read_proc_stat
 from rmd_agent.power.pod_meta import KubeletLogDirs, PodMeta, PodMetaSource
 from rmd_agent.power.rapl_sampler import RaplSampler, host_zone_kinds
 
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 POD_OVERHEAD = ""  # container label for a pod's CPU outside its named containers (sandbox, conmon)
 ERROR_SOURCES = ("rapl", "proc_stat", "cgroup", "internal")
+# a pod's containers are read every 1 to 2 times this (staggered over pods), and for each snapshot
+CONTAINER_WINDOW_SECONDS = 5.0
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -50,8 +53,7 @@ class NodeZone:
     idle_watts: float
 
 
-@dataclass(frozen=True)
-class PodEnergy:
+class PodEnergy(NamedTuple):  # tuples: a snapshot makes 1,500 of these at 500 pods
     uid: str
     namespace: str
     name: str
@@ -60,8 +62,7 @@ class PodEnergy:
     terminated: bool = False
 
 
-@dataclass(frozen=True)
-class ContainerEnergy:
+class ContainerEnergy(NamedTuple):
     uid: str
     namespace: str
     pod: str
@@ -112,6 +113,22 @@ class _Terminated:
     containers: tuple[ContainerEnergy, ...]
 
 
+@dataclass
+class _PodState:
+    """What the sampler remembers of a pod between samples."""
+
+    first_seen: float
+    new: bool = False  # started since the last complete reading: all its CPU time is this interval's
+    usage: int | None = None  # CPU time (ns) at the last sample; None: the next read is a baseline
+    split_usage: int | None = None  # CPU time (ns) when its containers were last read
+    containers: dict[str, int] = field(default_factory=dict)  # container id -> CPU time (ns) then
+    names: dict[str, str] = field(default_factory=dict)  # container id -> name, sticky once known
+    # containers without a name (the sandbox, or one whose name is not known yet) are not read: their CPU
+    # time is the pod's remainder either way; once named, their first read is only a baseline
+    unnamed: set[str] = field(default_factory=set)
+    baseline_next: set[str] = field(default_factory=set)  # named since their last read: next read a baseline
+
+
 class PowerSampler:
     """Owns the readers, the ledger and the current snapshot. Call `sample()` or run `run()` as a task."""
 
@@ -126,6 +143,7 @@ class PowerSampler:
         rediscover_seconds: float = 60.0,
         meta_grace_seconds: float = 30.0,
         max_terminated: int = 500,
+        containers: bool = True,
     ) -> None:
         self.fs = fs
         self.interval = interval
@@ -135,26 +153,28 @@ class PowerSampler:
         self.meta_grace_seconds = meta_grace_seconds
         self.max_terminated = max_terminated
         self.rapl = RaplSampler(fs)
-        self.cgroups = CgroupCpuReader(fs)
+        self.per_container = containers
+        # pods are read every interval, their containers every 1 to 2 CONTAINER_WINDOW_SECONDS (and when a
+        # snapshot is built): a pod's energy changes from one interval to the next, and a container's share
+        # of it is taken over the whole window
+        split_every = max(1, int(CONTAINER_WINDOW_SECONDS // interval)) if interval > 0 else 1
+        self.cgroups = CgroupCpuReader(fs, split_every, containers=containers)
         self.pod_meta: PodMetaSource = pod_meta if pod_meta is not None else KubeletLogDirs(fs)
-        self.ledger = EnergyLedger()
+        self.ledger = EnergyLedger(remainder=POD_OVERHEAD if containers else None)
         self._lock = threading.Lock()
-        self._snapshot: PowerSnapshot | None = PowerSnapshot(0, "not sampled yet", 0.0, 0.0)  # None: build
+        self._snapshot = PowerSnapshot(0, "not sampled yet", 0.0, 0.0)
+        # a sample since the snapshot was built: the next read builds another (the old one is freed then,
+        # by the reader: 8,000 series at 500 pods take a millisecond to free)
+        self._stale = False
+        self._closed = False  # close() ran: a snapshot reads no file (it would open them again)
         self._stats = SamplerStats()
         self._last_time: float | None = None
         self._interval_seconds = 0.0  # length of the last interval
         self._last_discovery: float | None = None
         self._proc: ProcStat | None = None
-        self._pod_usage: dict[str, int] = {}  # uid -> ns, last reading
-        self._container_usage: dict[tuple[str, str], int] = {}  # (uid, container id) -> ns
-        self._pods_seen: set[str] = set()
-        self._first_seen: dict[str, float] = {}
+        self._pods: dict[str, _PodState] = {}  # every pod of the last reading, readable or not
         self._meta: dict[str, PodMeta] = {}  # sticky once known: uid -> namespace/name
-        self._names: dict[tuple[str, str], str] = {}  # sticky: (uid, container id) -> name
-        # containers without a name (the sandbox, or one whose name is not known yet) are not read: their
-        # CPU time is the pod's remainder either way; once named, the first read is only a baseline
-        self._unnamed: set[tuple[str, str]] = set()
-        self._named_since: set[tuple[str, str]] = set()
+        self._skip_changed = False  # a pod's unnamed containers changed: tell the reader
         self._complete = False
         self._terminated: dict[str, _Terminated] = {}
         self._rapl_errors_logged = False
@@ -163,8 +183,10 @@ class PowerSampler:
 
     def snapshot(self) -> PowerSnapshot:
         with self._lock:
-            if self._snapshot is None:
+            if self._stale:
+                self._split_pending()
                 self._snapshot = self._build()
+                self._stale = False
             return self._snapshot
 
     def mark_exported(self, uids: set[str]) -> None:
@@ -175,7 +197,7 @@ class PowerSampler:
             for uid in uids:
                 self._terminated.pop(uid, None)
             snap = self._snapshot
-            if snap is None:  # the next build leaves them out
+            if self._stale:  # the next build leaves them out
                 return
             self._snapshot = dataclasses.replace(
                 snap,
@@ -210,14 +232,16 @@ class PowerSampler:
     def close(self) -> None:
         """Close the cgroup files kept open between samples (a later sample opens them again)."""
         with self._lock:
+            self._closed = True
             self.cgroups.files.close()
 
     def sample(self) -> None:
         """Take one sample; `snapshot()` shows it. Holds the lock throughout: a scrape thread marking
         terminated pods exported must not interleave with the sample moving pods in and out."""
         with self._lock:
+            self._closed = False
             self._sample()
-            self._snapshot = None
+            self._stale = True
 
     def _sample(self) -> None:
         started = time.perf_counter()
@@ -232,26 +256,24 @@ class PowerSampler:
         seconds = now - self._last_time if self._last_time is not None else 0.0
         self._interval_seconds = seconds
         self._revive(reading.pods)
-        self._resolve_meta(reading)
-        cpu, containers_now = self._cpu_deltas(proc, reading)
-        for uid in reading.pods:
-            self._first_seen.setdefault(uid, now)
-        self.ledger.track(reading.pods, containers_now, {z.key.kind for z in self.rapl.zones})
+        self._resolve_meta(reading.pods)
+        cpu, new = self._pod_deltas(proc, reading, now)
+        self.ledger.track(new, {z.key.kind for z in self.rapl.zones})
         if self._last_time is not None:
             self.ledger.record(seconds, zone_energy, cpu)
-        self._skip_unnamed(reading)
+        for uid, pod in reading.pods.items():
+            if pod.containers is not None:
+                self._split(uid, pod)
+        self._update_skip()
         if reading.complete:
-            gone = [u for u in self.ledger.pods if u not in reading.pods and u not in reading.unreadable]
+            gone = [u for u in self._pods if u not in reading.pods and u not in reading.unreadable]
             for uid in gone:
                 self._terminate(uid)
-            if gone or len(self._meta) > len(self.ledger.pods):
-                live = set(self.ledger.pods)
-                self._meta = {u: m for u, m in self._meta.items() if u in live}
-                self._names = {k: v for k, v in self._names.items() if k[0] in live}
+            if gone or len(self._meta) > len(self._pods):
+                self._meta = {u: m for u, m in self._meta.items() if u in self._pods}
         self._last_time = now
         self._proc = proc if proc is not None else self._proc
         self._complete = reading.complete
-        self._pods_seen = set(reading.pods) | set(reading.unreadable)
         self._finish_stats(errors, time.perf_counter() - started)
 
     # --- steps ---
@@ -283,149 +305,172 @@ class PowerSampler:
             log.debug("%s", exc)
             return None
 
-    def _cpu_deltas(
-        self, proc: ProcStat | None, reading: PodCpuReading
-    ) -> tuple[CpuDeltas, list[tuple[str, str]]]:
+    def _pod_deltas(
+        self, proc: ProcStat | None, reading: PodCpuReading, now: float
+    ) -> tuple[CpuDeltas, list[str]]:
+        """The interval's CPU time of the node and of every pod read; and the pods seen for the first time."""
         busy = total = 0.0
         if proc is not None and self._proc is not None:
             busy = max(0, proc.busy_ticks - self._proc.busy_ticks) / USER_HZ
             total = max(0, proc.total_ticks - self._proc.total_ticks) / USER_HZ
-        first = self._last_time is None
-        pod_usage, container_usage, names = self._pod_usage, self._container_usage, self._names
+        # a pod absent from a complete previous reading started since: all its CPU time is new
+        new_counts_whole = self._last_time is not None and self._complete
+        states = self._pods
         pods: dict[str, float] = {}
-        containers: dict[str, dict[str, float]] = {}
-        present: list[tuple[str, str]] = []
+        new: list[str] = []
         for uid, pod in reading.pods.items():
-            # A pod absent from a complete previous reading started since: all its CPU time is new.
-            new_pod = not first and self._complete and uid not in self._pods_seen
-            previous = pod_usage.get(uid)
+            state = states.get(uid)
+            if state is None:
+                state = states[uid] = _PodState(now, new=new_counts_whole)
+                new.append(uid)
+            previous = state.usage
             # CPU time never goes down: a lower figure is a read torn by a concurrent update or skewed, so
             # the higher one stays the baseline (taking the lower would credit the difference twice)
             if previous is None:
-                pod_ns = pod.usage_ns if new_pod else 0
-                pod_usage[uid] = pod.usage_ns
+                pod_ns = pod.usage_ns if state.new else 0
+                state.usage = pod.usage_ns
             elif pod.usage_ns > previous:
                 pod_ns = pod.usage_ns - previous
-                pod_usage[uid] = pod.usage_ns
+                state.usage = pod.usage_ns
             else:
                 pod_ns = 0
-            # A container not read last time may have started since (unless nothing was read last time),
-            # or may have run unseen (not listed yet, or left unread without a name), its CPU time in the
-            # pod's remainder so far: it is paid at most this interval's remainder, never its whole life.
-            started = not first and (new_pod or previous is not None)
-            by_name: dict[str, int] = {}
-            first_seen: list[tuple[str, int]] = []
-            for cid, (_runtime, usage) in pod.containers.items():
-                key = (uid, cid)
-                before = container_usage.get(key)
-                if key in self._named_since:  # was left unread: only a baseline now
-                    self._named_since.discard(key)
-                    before = None
-                    delta = 0
-                    container_usage[key] = usage
-                elif before is None:
-                    delta = 0
-                    container_usage[key] = usage
-                    if started:
-                        first_seen.append((cid, usage))
-                elif usage > before:
-                    delta = usage - before
-                    container_usage[key] = usage
-                else:
-                    delta = 0
-                name = names.get(key)
-                if name is None:
-                    name = self._container_name(uid, cid)
-                    if name == POD_OVERHEAD:
-                        self._unnamed.add(key)
-                by_name[name] = by_name.get(name, 0) + delta
-            if first_seen:
-                unpaid = pod_ns - sum(by_name.values())
-                for cid, usage in first_seen:
-                    delta = min(usage, max(0, unpaid))
-                    unpaid -= delta
-                    name = names.get((uid, cid), POD_OVERHEAD)
-                    by_name[name] = by_name.get(name, 0) + delta
-            remainder = pod_ns - sum(by_name.values())
-            if remainder > 0:
-                by_name[POD_OVERHEAD] = by_name.get(POD_OVERHEAD, 0) + remainder
-            if not by_name.get(POD_OVERHEAD) and (uid, POD_OVERHEAD) not in self.ledger.containers:
-                by_name.pop(POD_OVERHEAD, None)  # no series for an idle sandbox until it uses CPU
             pods[uid] = pod_ns / 1e9
-            containers[uid] = {name: ns / 1e9 for name, ns in by_name.items()}
-            present.extend([(uid, name) for name in by_name])
-        # forget readings of pods and containers that are gone (unreadable pods keep theirs, and nothing
-        # is forgotten when the pod root could not be listed at all); every one read now has an entry, so
-        # there is something to forget only when there are more entries than that
-        if not reading.complete:
-            return CpuDeltas(busy, total, pods, containers), present
-        if len(pod_usage) > len(reading.pods):
-            keep = set(reading.pods) | set(reading.unreadable)
-            self._pod_usage = {u: v for u, v in pod_usage.items() if u in keep}
-        if len(container_usage) > sum(len(pod.containers) for pod in reading.pods.values()):
-            live = {(uid, cid) for uid, pod in reading.pods.items() for cid in pod.containers}
-            self._container_usage = {
-                k: v for k, v in container_usage.items() if k in live or k[0] in reading.unreadable
-            }
-        return CpuDeltas(busy, total, pods, containers), present
+        for uid in reading.unreadable:  # seen: when readable again, it starts from a baseline
+            if uid not in states:
+                states[uid] = _PodState(now)
+        return CpuDeltas(busy, total, pods), new
 
-    def _skip_unnamed(self, reading: PodCpuReading) -> None:
-        """Tell the reader which containers to leave unread next time: those without a name so far. An
-        unread container that has a name now is read again (its first read a baseline)."""
-        unread = 0  # unread and still without a name
-        for uid, pod in reading.pods.items():
-            unread += len(pod.unread)
-            for cid in pod.unread:
-                if self.pod_meta.container_name(cid) is not None:
-                    self._unnamed.discard((uid, cid))
-                    self._named_since.add((uid, cid))  # until it is read
-                    unread -= 1
-        if reading.complete and self._named_since:
-            self._named_since = {key for key in self._named_since if key[0] in reading.pods}
-        if reading.complete and len(self._unnamed) > unread:  # some are gone, or read this time
-            present = {
-                (uid, cid) for uid, pod in reading.pods.items() for cid in (*pod.unread, *pod.containers)
-            }
-            self._unnamed = {key for key in self._unnamed if key in present and key not in self._names}
-        skip = frozenset(cid for _uid, cid in self._unnamed)
-        if skip != self.cgroups.skip:
-            self.cgroups.skip = skip
+    def _split(self, uid: str, pod: PodCpu) -> None:
+        """Share the pod's energy since its last split among its containers, by their CPU time since then
+        (`pod.containers`, read now)."""
+        state = self._pods[uid]
+        assert pod.containers is not None
+        if state.split_usage is None:  # the pod's first read: a baseline, or all of a new pod's life
+            window = pod.usage_ns if state.new else 0
+            started = state.new
+            state.split_usage = pod.usage_ns
+        else:
+            window = max(0, pod.usage_ns - state.split_usage)
+            started = True
+            state.split_usage = max(pod.usage_ns, state.split_usage)
+        # A container not read last time may have started since, or may have run unseen (not listed yet, or
+        # left unread without a name), its CPU time in the pod's remainder so far: it is paid at most this
+        # window's remainder, never its whole life.
+        before_all, names, baseline_next = state.containers, state.names, state.baseline_next
+        usage_now: dict[str, int] = {}
+        by_name: dict[str, int] = {}
+        first_seen: list[tuple[str, int]] = []
+        for cid, (_runtime, usage) in pod.containers.items():
+            before = before_all.get(cid)
+            if cid in baseline_next:  # was left unread: only a baseline now
+                baseline_next.discard(cid)
+                delta = 0
+                usage_now[cid] = usage
+            elif before is None:
+                delta = 0
+                usage_now[cid] = usage
+                if started:
+                    first_seen.append((cid, usage))
+            elif usage > before:
+                delta = usage - before
+                usage_now[cid] = usage
+            else:
+                delta = 0
+                usage_now[cid] = before
+            name = names.get(cid)
+            if name is None:
+                name = self._container_name(state, cid)
+                if name == POD_OVERHEAD and cid not in state.unnamed:
+                    state.unnamed.add(cid)
+                    self._skip_changed = True
+            by_name[name] = by_name.get(name, 0) + delta
+        state.containers = usage_now
+        if first_seen:
+            unpaid = window - sum(by_name.values())
+            for cid, usage in first_seen:
+                delta = min(usage, max(0, unpaid))
+                unpaid -= delta
+                name = names.get(cid, POD_OVERHEAD)
+                by_name[name] = by_name.get(name, 0) + delta
+        remainder = window - sum(by_name.values())
+        if remainder > 0:
+            by_name[POD_OVERHEAD] = by_name.get(POD_OVERHEAD, 0) + remainder
+        if not by_name.get(POD_OVERHEAD) and (uid, POD_OVERHEAD) not in self.ledger.containers:
+            by_name.pop(POD_OVERHEAD, None)  # no series for an idle sandbox until it uses CPU
+        self.ledger.split(uid, window / 1e9, {name: ns / 1e9 for name, ns in by_name.items()})
+        self._name_unread(state, pod)
 
-    def _container_name(self, uid: str, cid: str) -> str:
-        name = self._names.get((uid, cid))
-        if name is None:
-            found = self.pod_meta.container_name(cid)
-            if found is None:
-                return POD_OVERHEAD
-            self._names[(uid, cid)] = name = found
-        return name
+    def _name_unread(self, state: _PodState, pod: PodCpu) -> None:
+        """Containers left unread for want of a name are read from the next split on once they have one
+        (their first read a baseline); the pod's unnamed ones are those unread now, or read and unnamed."""
+        if not (pod.unread or state.unnamed or state.baseline_next):
+            return
+        unnamed = {cid for cid in state.unnamed if cid in (pod.containers or ()) and cid not in state.names}
+        for cid in pod.unread:
+            if self.pod_meta.container_name(cid) is None:
+                unnamed.add(cid)
+            else:
+                state.baseline_next.add(cid)  # until it is read
+        state.baseline_next &= {*pod.unread, *(pod.containers or ())}
+        if unnamed != state.unnamed:
+            state.unnamed = unnamed
+            self._skip_changed = True
 
-    def _resolve_meta(self, reading: PodCpuReading) -> None:
+    def _split_pending(self) -> None:
+        """Before a snapshot: every pod's energy since its last split goes to its containers, by their CPU
+        time up to now, so the exported containers add up to their pods. (That energy was recorded up to the
+        last sample, the CPU time is read now: the CPU time in between is shared with this window's energy,
+        and its energy comes in the next window.)"""
+        if not self.per_container:
+            return
+        if not self._closed:
+            pods = self.cgroups.read_containers(self.ledger.pending_pods())
+            self._resolve_meta(pods)  # a container listed just now gets its name first
+            for uid, pod in pods.items():
+                if uid in self._pods and pod.containers is not None:
+                    self._split(uid, pod)
+        self.ledger.settle_all()  # those not read now: by their last shares
+        self._update_skip()
+
+    def _update_skip(self) -> None:
+        """Tell the reader which containers to leave unread: those without a name so far."""
+        if self._skip_changed:
+            self._skip_changed = False
+            self.cgroups.skip = frozenset(cid for state in self._pods.values() for cid in state.unnamed)
+
+    def _container_name(self, state: _PodState, cid: str) -> str:
+        found = self.pod_meta.container_name(cid)
+        if found is None:
+            return POD_OVERHEAD
+        state.names[cid] = found
+        return found
+
+    def _resolve_meta(self, pods: Mapping[str, PodCpu]) -> None:
         """Names for new pods and containers, looked up before attribution so a new container's first
-        interval already lands under its name."""
-        self.pod_meta.refresh(
-            [uid for uid in reading.pods if uid not in self._meta],
-            [
-                cid
-                for uid, pod in reading.pods.items()
-                for cid in (*pod.containers, *pod.unread)
-                if (uid, cid) not in self._names
-            ],
-        )
-        for uid in reading.pods:
-            if uid not in self._meta:
-                meta = self.pod_meta.pod(uid)
-                if meta is not None:
-                    self._meta[uid] = meta
+        window already lands under its name. Every pod and container still without a name is passed each
+        time: the source lists the kubelet's directories for names it was not asked for before (at most once
+        a minute for the same ones)."""
+        uids = {uid for uid in (*pods, *self._pods) if uid not in self._meta}
+        ids = set(self.cgroups.skip)  # every pod's unread containers: no name yet
+        for uid, pod in pods.items():
+            if pod.containers is None:
+                continue
+            state = self._pods.get(uid)
+            named = state.names if state is not None else {}
+            ids.update(cid for cid in (*pod.containers, *pod.unread) if cid not in named)
+        self.pod_meta.refresh(uids, ids)
+        for uid in uids:
+            meta = self.pod_meta.pod(uid)
+            if meta is not None:
+                self._meta[uid] = meta
 
     def _revive(self, pods: Mapping[str, object]) -> None:
         """A pod taken for terminated is back (a listing glitch): continue its counters, export it once."""
         for uid in [u for u in self._terminated if u in pods]:
             gone = self._terminated.pop(uid)
-            self._pods_seen.add(uid)  # its CPU time restarts from a baseline, never from zero
-            self.ledger.pods[uid] = dict(gone.pod.energy_j)
-            for part in gone.containers:
-                self.ledger.containers[(uid, part.container)] = dict(part.energy_j)
+            # its CPU time restarts from a baseline, never from zero
+            self._pods.setdefault(uid, _PodState(self._last_time or 0.0))
+            self.ledger.restore(uid, gone.pod.energy_j, {c.container: c.energy_j for c in gone.containers})
             if gone.pod.namespace or gone.pod.name:
                 self._meta[uid] = PodMeta(gone.pod.namespace, gone.pod.name)
 
@@ -434,16 +479,17 @@ class PowerSampler:
         most meta_grace_seconds; after that they are exported with the uid alone."""
         if uid in self._meta:
             return True
-        first = self._first_seen.get(uid)
+        state = self._pods.get(uid)
         sampled = self._last_time if self._last_time is not None else self.clock()  # as of the last sample
-        return first is None or sampled - first >= self.meta_grace_seconds
+        return state is None or sampled - state.first_seen >= self.meta_grace_seconds
 
     def _terminate(self, uid: str) -> None:
         watts: dict[str, float] = {}
         meta = self._meta.get(uid, PodMeta("", ""))
         totals, containers = self.ledger.forget_pod(uid)
-        self._first_seen.pop(uid, None)
-        self._pod_usage.pop(uid, None)
+        state = self._pods.pop(uid, None)
+        if state is not None and state.unnamed:
+            self._skip_changed = True
         pod = PodEnergy(uid, meta.namespace, meta.name, totals, watts, terminated=True)
         parts = tuple(
             ContainerEnergy(uid, meta.namespace, meta.name, name, energy, {}, terminated=True)
@@ -460,7 +506,7 @@ class PowerSampler:
         errors[source] = errors.get(source, 0) + n
         self._stats = dataclasses.replace(self._stats, errors=errors)
         with self._lock:
-            if self._snapshot is not None:
+            if not self._stale:
                 self._snapshot = dataclasses.replace(self._snapshot, stats=self._stats)
 
     def _finish_stats(self, errors: Mapping[str, int], duration: float) -> None:
@@ -499,6 +545,14 @@ def next_stats(stats: SamplerStats, errors: Mapping[str, int], duration: float, 
     )
 
 
+def _watts(watts: Mapping[str, float] | None, energy: Mapping[str, float]) -> Mapping[str, float]:
+    """Watts for each kind of `energy` (0 where none). The ledger's own mapping when it has those kinds:
+    it is made afresh for each interval and never changed, so a snapshot can share it."""
+    if watts is not None and watts.keys() == energy.keys():
+        return watts
+    return {k: (watts or {}).get(k, 0.0) for k in energy}
+
+
 def build_snapshot(
     ledger: EnergyLedger,
     *,
@@ -533,27 +587,17 @@ def build_snapshot(
         if uid not in meta:
             continue
         pod_meta = meta[uid]
-        pod_watts = power.pods.get(uid, {})
         energy = dict(ledger.pods[uid])
         pods.append(
-            PodEnergy(
-                uid, pod_meta.namespace, pod_meta.name, energy, {k: pod_watts.get(k, 0.0) for k in energy}
-            )
+            PodEnergy(uid, pod_meta.namespace, pod_meta.name, energy, _watts(power.pods.get(uid), energy))
         )
     for (uid, name), energy in sorted(ledger.containers.items()):
         if uid not in ledger.pods or uid not in meta:
             continue
         pod_meta = meta[uid]
-        part_watts = power.containers.get((uid, name), {})
+        part_watts = _watts(power.containers.get((uid, name)), energy)
         containers.append(
-            ContainerEnergy(
-                uid,
-                pod_meta.namespace,
-                pod_meta.name,
-                name,
-                dict(energy),
-                {k: part_watts.get(k, 0.0) for k in energy},
-            )
+            ContainerEnergy(uid, pod_meta.namespace, pod_meta.name, name, dict(energy), part_watts)
         )
     for gone in terminated:
         pods.append(gone.pod)
