@@ -34,8 +34,6 @@ from rmd_agent.kubelet.podresources import (
 from rmd_agent.nrt.fingerprint import (
     METHOD_ALL,
     METHOD_EXCLUSIVE,
-    PodKey,
-    PodsFingerprint,
     counts_for_scheduler,
     fingerprint,
     has_exclusive_resources,
@@ -391,29 +389,3 @@ def test_native_resources(name: str, is_native: bool) -> None:
 def test_a_native_name_listed_in_the_nrt_is_not_a_device() -> None:
     odd = pod("odd", ContainerResources("c", frozenset(), (DeviceAssignment("memory", ("m",), frozenset()),)))
     assert not counts_for_scheduler(odd, QoS.BURSTABLE, {"memory"})
-
-
-def test_successive_fingerprints_follow_a_changed_class_or_resource_of_the_same_pod_object() -> None:
-    """PodsFingerprint reuses a pod's selection while its object, its QoS class and the listed resources are
-    the same; any of them changing decides it again, so the value always equals pods_fingerprint's."""
-    shared = PodResources("ns", "half", (ContainerResources("c", frozenset()),))
-    device = PodResources(
-        "ns",
-        "dev",
-        (ContainerResources("c", frozenset(), (DeviceAssignment("x.io/d", ("1",), frozenset()),)),),
-    )
-    pods = [shared, device]
-    successive = PodsFingerprint(METHOD_EXCLUSIVE)
-    cases: list[tuple[dict[PodKey, QoS], frozenset[str]]] = [
-        ({}, frozenset()),
-        ({("ns", "half"): QoS.GUARANTEED}, frozenset()),
-        ({("ns", "half"): QoS.GUARANTEED}, frozenset({"x.io/d"})),
-        ({("ns", "half"): QoS.BURSTABLE}, frozenset({"x.io/d"})),
-        ({}, frozenset()),
-    ]
-    values = []
-    for qos, resources in cases:
-        value = successive(pods, qos, resources)
-        assert value == pods_fingerprint(pods, METHOD_EXCLUSIVE, qos, resources)
-        values.append(value)
-    assert len(set(values)) == 4  # none, half, half and dev, dev

@@ -6,7 +6,7 @@
     exporter.stop(); await task
 
 A refresh reads sysfs (NUMA nodes), the kubelet config (topology manager policy and scope), PodResources
-(GetAllocatableResources and List), the L3 provider and, for the
+(GetAllocatableResources every time, so devices registered later appear; List), the L3 provider and, for the
 with-exclusive-resources pod fingerprint, the pods' QoS classes (nrt/pod_qos.py), computes the object
 (nrt/zones.py, nrt/fingerprint.py) and hands it to the publisher, which writes only if the content changed.
 
@@ -17,15 +17,11 @@ refresh waits or runs are coalesced into the next one, and refreshes start at le
 `nrt_min_write_interval_seconds` apart, which bounds the write rate (two writes can be closer by the
 difference in how long their refreshes took).
 
-A refresh reads again only what its reasons may have changed (`stale_inputs`): List always (the client
-reuses the objects of an unchanged answer), GetAllocatableResources unless only pod directories came or went
-(what the kubelet may hand out changes with its state files: devices registered, a restart), the pods' QoS
-classes after a pod directory event (only the entries the watches named, all of them at a resync or when a
-change went unnamed), the L3 provider after a poke, sysfs NUMA nodes only at a resync; the kubelet config when
-its file changed. An input read again with the same content keeps the object read before, and only the listed
-pods' QoS classes count (a class of a pod already gone from List changes nothing); when no input changed, the
-last topology is kept and nothing is computed or published (so an unchanged resync, or the pod directories of
-a pod removed a moment earlier, cost the reads alone).
+A refresh reads again only what its reasons may have changed (`stale_inputs`): PodResources always (the
+client reuses the objects of an unchanged answer), the pods' QoS classes after a pod directory event (only
+the entries the watches named, all of them at a resync or when a change went unnamed), the L3 provider
+after a poke, sysfs NUMA nodes only at a resync; the kubelet config when its file changed.
+When nothing it read changed, the last topology is kept and nothing is computed or published.
 """
 
 from __future__ import annotations
@@ -36,19 +32,14 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from rmd_agent.cache_ways import guaranteed_pools
 from rmd_agent.engine_api import Engine
 from rmd_agent.errors import AgentError, ConfigError, Unsupported
 from rmd_agent.hostfs import HostFS
 from rmd_agent.kubelet.config import KubeletConfig, read_kubelet_config
-from rmd_agent.kubelet.podresources import (
-    AllocatableResources,
-    PodResources,
-    PodResourcesClient,
-    pod_resources_client,
-)
+from rmd_agent.kubelet.podresources import PodResources, PodResourcesClient, pod_resources_client
 from rmd_agent.nrt import fingerprint
 from rmd_agent.nrt.pod_qos import KubeletPodQoS, pod_directories
 from rmd_agent.nrt.publisher import NrtPublisher
@@ -77,7 +68,6 @@ from rmd_api.names import NRT_REQUEUE_ANNOTATION
 log = logging.getLogger(__name__)
 
 L3Provider = Callable[[], Awaitable[Sequence[CacheWays]]]
-_T = TypeVar("_T")
 
 
 class TopologyUnavailable(AgentError):
@@ -136,9 +126,9 @@ def engine_l3_provider(engine: Engine, started: asyncio.Event | None = None) -> 
     return provide
 
 
-# Inputs of a refresh that are not read at every refresh (PodResources List always is).
-NUMA, QOS, L3, ALLOCATABLE = "numa", "qos", "l3", "allocatable"
-EVERYTHING = frozenset({NUMA, QOS, L3, ALLOCATABLE})
+# Inputs of a refresh that are not read at every refresh (PodResources always is).
+NUMA, QOS, L3 = "numa", "qos", "l3"
+EVERYTHING = frozenset({NUMA, QOS, L3})
 
 
 def stale_inputs(reasons: Collection[str] | None, poked: bool) -> frozenset[str]:
@@ -146,25 +136,15 @@ def stale_inputs(reasons: Collection[str] | None, poked: bool) -> frozenset[str]
     reads everything. A pod directory event or a List or QoS change seen by polling may bring pods whose QoS
     class is new; a poke (the engine changed allocations) changes the cache ways, and is read as a reason
     to look at the pods again too. sysfs (NUMA nodes, memory, hugepages) changes only with the machine's
-    configuration, which the next resync picks up. GetAllocatableResources is asked again unless every reason
-    is a pod directory coming or going: a pod changes what is allocated, never what the kubelet may hand out
-    (its CPUs less the reserved set, healthy devices, memory), which changes with the kubelet's state files
-    (a device plugin registering, a restart) or shows at the resync."""
+    configuration, which the next resync picks up."""
     if reasons is None:
         return EVERYTHING
     stale = {QOS, L3} if poked else set()
     if any(r.startswith("pod") for r in reasons):  # pods:<dir>, pod-qos, podresources(:recovered)
         stale.add(QOS)
     if any(r.endswith((":layout", ":overflow")) for r in reasons):  # something may have been missed
-        stale |= {QOS, L3, ALLOCATABLE}
-    if poked or not all(r.startswith("pods:") for r in reasons):
-        stale.add(ALLOCATABLE)
+        stale |= {QOS, L3}
     return frozenset(stale)
-
-
-def _kept(previous: _T | None, current: _T) -> _T:
-    """`previous` when equal to `current`: a refresh compares its inputs by identity (`_same`)."""
-    return previous if previous is not None and previous == current else current
 
 
 def _same(a: Sequence[object], b: Sequence[object]) -> bool:
@@ -246,12 +226,9 @@ class NrtExporter:
         self._pod_entries = EntryLog()  # pod directory entries seen since the classes were read
         self._qos_problems: tuple[str, ...] = ()
         self._qos_unknown: set[fingerprint.PodKey] = set()  # pods logged as having no QoS class
-        self._fingerprint = fingerprint.PodsFingerprint(settings.nrt_pods_fingerprint_method)
         # What the last refresh read (kept between refreshes, see stale_inputs) and computed from it.
         self._poked = False
         self._numa: list[NumaNode] | None = None
-        self._allocatable: AllocatableResources | None = None
-        self._listed_classes: dict[fingerprint.PodKey, QoS] | None = None  # of the pods in the last List
         self._caches: Sequence[CacheWays] | None = None
         self._classes: dict[fingerprint.PodKey, QoS] | None = None
         self._config: tuple[tuple[int, int, int] | None, KubeletConfig] | None = None
@@ -396,40 +373,28 @@ class NrtExporter:
             numa = read_numa_nodes(self.fs)
             if isinstance(numa, Unsupported):
                 raise TopologyUnavailable(str(numa))
-            self._numa = _kept(self._numa, numa)
-        if ALLOCATABLE not in stale and self._allocatable is not None:
-            allocatable, pods = self._allocatable, await podres.list()
-        else:  # both calls in flight at once: one round trip to the kubelet per refresh, not two
-            answer, pods = await asyncio.gather(podres.get_allocatable(), podres.list())
-            allocatable = self._allocatable = _kept(self._allocatable, answer)
+            self._numa = numa
+        # Both calls in flight at once: one round trip to the kubelet per refresh, not two.
+        allocatable, pods = await asyncio.gather(podres.get_allocatable(), podres.list())
         if QOS in stale or self._classes is None:
             self._classes = self._read_pod_classes(full=reasons is None)
-        classes = self._classes_of(pods)
         config = self._kubelet_config(force=reasons is None)
         if L3 in stale or self._caches is None:  # last: at the agent's start, it waits for the engine
-            self._caches = _kept(self._caches, await self._l3())
-        inputs = (self._numa, allocatable, pods, self._caches, classes, config)
+            self._caches = await self._l3()
+        inputs = (self._numa, allocatable, pods, self._caches, self._classes, config)
         if self._computed is not None and _same(inputs, self._computed[0]):
-            self._log_unknown_classes(pods, classes)
+            self._log_unknown_classes(pods, self._classes)
             return self._computed[1]
         zones = compute_zones(self._numa, allocatable, pods, self._caches, self.exclude)
         method = self.settings.nrt_pods_fingerprint_method
         listed = {r.name for zone in zones for r in zone.resources}  # what the scheduler calls the NRT's
-        self._log_unknown_classes(pods, classes)
-        pfp = self._fingerprint(pods, classes, listed)
+        self._log_unknown_classes(pods, self._classes)
+        pfp = fingerprint.pods_fingerprint(pods, method, self._classes, listed)
         topology = NodeTopology.of(zones, topology_attributes(config, pfp, method))
         if self._computed is not None and topology == self._computed[1]:
             topology = self._computed[1]  # equal content: keep the object, so the exporter skips publishing
         self._computed = (inputs, topology)
         return topology
-
-    def _classes_of(self, pods: Sequence[PodResources]) -> dict[fingerprint.PodKey, QoS]:
-        """The QoS classes of the listed pods (all the fingerprint looks at), the same object while they are
-        the same: the directories of a pod already gone from List change nothing."""
-        known = self._classes or {}
-        listed = {key: known[key] for p in pods if (key := (p.namespace, p.name)) in known}
-        self._listed_classes = _kept(self._listed_classes, listed)
-        return self._listed_classes
 
     def _read_pod_classes(self, full: bool) -> dict[fingerprint.PodKey, QoS]:
         """The QoS classes of the pods (with-exclusive-resources only): updated from the pod directory entries
