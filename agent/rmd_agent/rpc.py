@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from grpclib.const import Cardinality, Handler
+from grpclib.const import Cardinality, Handler, Status
 from grpclib.encoding.proto import ProtoCodec
+from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
-__all__ = ["RawCodec", "Service", "unary_stream", "unary_unary"]
+__all__ = ["RawCodec", "Service", "request_of", "unary_stream", "unary_unary"]
 
 StreamHandler = Callable[[Stream[Any, Any]], Awaitable[None]]
 
@@ -52,3 +53,11 @@ def unary_unary(func: StreamHandler, request_type: type, reply_type: type) -> Ha
 
 def unary_stream(func: StreamHandler, request_type: type, reply_type: type) -> Handler:
     return Handler(func, Cardinality.UNARY_STREAM, request_type, reply_type)
+
+
+async def request_of(stream: Stream[Any, Any]) -> Any:
+    """The request message of a call with a unary request."""
+    message = await stream.recv_message()
+    if message is None:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
+    return message

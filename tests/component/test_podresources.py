@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpclib.const import Status
 
 from rmd_agent.errors import KubeletUnavailable
 from rmd_agent.kubelet.pod_lookup import LookupApi, PodLookup
@@ -272,7 +273,7 @@ async def test_get_disabled_raises_get_unavailable_with_the_kubelets_answer(host
             with pytest.raises(GetUnavailable, match="Get method disabled") as info:
                 await client.get("ns", "web")
             assert len(await client.list()) == 1  # List still answers
-    assert info.value.code == grpc.StatusCode.UNKNOWN
+    assert info.value.code == Status.UNKNOWN
     assert info.value.details == GET_DISABLED_MESSAGE == "PodResources API Get method disabled"
     assert isinstance(info.value, PodResourcesCallFailed)  # callers catching that still do
 
@@ -281,21 +282,21 @@ async def test_get_disabled_raises_get_unavailable_with_the_kubelets_answer(host
     ("code", "details", "unavailable"),
     [
         # kubelet 1.27-1.35 with the gate off: fmt.Errorf in server_v1.go, UNKNOWN over the wire
-        (grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled", True),
+        (Status.UNKNOWN, "PodResources API Get method disabled", True),
         # kubelet before 1.27: no such method (grpc-go's answer)
-        (grpc.StatusCode.UNIMPLEMENTED, "unknown method Get for service v1.PodResourcesLister", True),
+        (Status.UNIMPLEMENTED, "unknown method Get for service v1.PodResourcesLister", True),
         # everything else is a real failure, not "no Get"
-        (grpc.StatusCode.UNKNOWN, "pod web in namespace ns not found", False),
-        (grpc.StatusCode.UNKNOWN, "PodResources API GetAllocatableResources disabled", False),
-        (grpc.StatusCode.UNKNOWN, "", False),
-        (grpc.StatusCode.INTERNAL, "PodResources API Get method disabled", False),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit", False),
-        (grpc.StatusCode.UNAVAILABLE, "connection refused", False),
-        (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", False),
+        (Status.UNKNOWN, "pod web in namespace ns not found", False),
+        (Status.UNKNOWN, "PodResources API GetAllocatableResources disabled", False),
+        (Status.UNKNOWN, "", False),
+        (Status.INTERNAL, "PodResources API Get method disabled", False),
+        (Status.RESOURCE_EXHAUSTED, "rejected by rate limit", False),
+        (Status.UNAVAILABLE, "connection refused", False),
+        (Status.DEADLINE_EXCEEDED, "Deadline Exceeded", False),
     ],
 )
 def test_only_the_no_get_answers_count_as_get_unavailable(
-    code: grpc.StatusCode, details: str, unavailable: bool
+    code: Status, details: str, unavailable: bool
 ) -> None:
     assert get_unavailable(code, details) is unavailable
 
@@ -459,7 +460,7 @@ async def test_lookup_falls_back_on_a_kubelet_without_get(host_root: Path) -> No
         async with PodResourcesClient(socket_path) as client:
             with pytest.raises(GetUnavailable) as info:
                 await client.get("ns", "web")
-            assert info.value.code == grpc.StatusCode.UNIMPLEMENTED
+            assert info.value.code == Status.UNIMPLEMENTED
             lookup = PodLookup(client)
             found = await lookup.find("ns", "web")
             assert found is not None and found.containers[0].cpu_ids == frozenset({3})
@@ -502,7 +503,7 @@ async def test_rate_limit_rejection_is_a_call_failure_with_its_status(host_root:
         await client.get_allocatable()
         with pytest.raises(PodResourcesCallFailed, match="rejected by rate limit") as info:
             await client.list()
-    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert info.value.code == Status.RESOURCE_EXHAUSTED
     assert isinstance(info.value, KubeletUnavailable)
 
 

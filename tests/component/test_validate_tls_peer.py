@@ -1,5 +1,5 @@
 """`rmdctl validate` reads an agent's serving certificate at its endpoint without a client certificate: over a
-real socket, from a gRPC server with the agent's own credentials (mutual TLS required), the TLS 1.3 client
+real socket, from a gRPC server with the agent's own TLS (mutual TLS required), the TLS 1.3 client
 side of the handshake completes before the server refuses the missing client certificate. In TLS 1.2 the
 server would refuse before the client's side completes, so rmdctl asks for 1.3 only: from a server that
 speaks only 1.2 nothing is read, and the reason is kept."""
@@ -11,15 +11,13 @@ import socket
 import ssl
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from rmd_agent.server.tls import server_credentials
+from agent_tls_server import agent_tls_server
 from rmd_operator.validate.certs import read_certificate
 from rmd_operator.validate.tls_peer import peer_certificate, peer_certificates
 from rmd_sim.pki import CertificateAuthority
@@ -40,15 +38,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture
 def agent_endpoint(pki: dict[str, Path]) -> Iterator[str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    port = server.add_secure_port(
-        "127.0.0.1:0", server_credentials(pki["tls.crt"], pki["tls.key"], pki["ca.crt"])
-    )
-    server.start()
-    try:
+    with agent_tls_server(pki["tls.crt"], pki["tls.key"], pki["ca.crt"]) as port:
         yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(None)
 
 
 def test_the_certificate_of_an_agent_requiring_client_certificates_is_read(

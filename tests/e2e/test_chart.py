@@ -20,7 +20,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -32,10 +31,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from agent_tls_server import agent_tls_server
 from helm_cli import CHART, Helm
 from rmd_agent.heartbeat import renewed_lease
 from rmd_agent.kube_api import KubeApi
@@ -46,7 +46,6 @@ from rmd_agent.server.serving_cert import (
     new_request,
     request_body,
 )
-from rmd_agent.server.tls import server_credentials
 from rmd_agent.settings import AgentSettings
 from rmd_agent.settings import load_settings as load_agent_settings
 from rmd_api.agent_certs import NODE_ANNOTATION, NODE_NAME_EXTRA, SIGNER_NAME
@@ -642,13 +641,7 @@ def test_rendered_certificates_authenticate_operator_and_agent(helm: Helm, tmp_p
     )  # another install: another CA
     env = pod_environment(find(docs, "Deployment"), {"metadata.namespace": "ops", "metadata.name": "op"})
     op = load_operator_settings({}, {k: v for k, v in env.items() if k != "RMD_OPERATOR_CONFIG"})
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    port = server.add_secure_port(
-        "127.0.0.1:0", server_credentials(pki["agent.crt"], pki["agent.key"], pki["agent-ca.crt"])
-    )
-    server.start()
-    try:
+    with agent_tls_server(pki["agent.crt"], pki["agent.key"], pki["agent-ca.crt"]) as port:
         assert _health_check(port, pki, op.server_name("worker-node-1")) == grpc.StatusCode.OK
         assert (
             _health_check(port, pki, op.server_name("ip-10-0-0-1.ec2.internal"))
@@ -664,8 +657,6 @@ def test_rendered_certificates_authenticate_operator_and_agent(helm: Helm, tmp_p
         assert (
             _health_check(port, distrustful, op.server_name("worker-node-1")) == grpc.StatusCode.UNAVAILABLE
         )
-    finally:
-        server.stop(0)
 
 
 # -- installed into the test control plane --------------------------------------------------------------

@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kube_clients import KubeClients
 from operator_process import OperatorProcess, operator_command
-from rmd_agent.server.tls import client_dns_names, is_allowed
+from rmd_agent.server.tls import is_allowed
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
 from rmd_api.cpuset import parse_cpu_list
 from rmd_sim import pki
@@ -199,7 +199,7 @@ class _Service(agent_pb2_grpc.AgentServicer):
         with self.agent._lock:
             self.agent.calls.append(method)
         if self.agent._credentials is not None:
-            names = client_dns_names(context.auth_context())
+            names = tuple(name.decode() for name in context.auth_context().get("peer_dns", ()))
             if not is_allowed(names, frozenset({OPERATOR_IDENTITY})):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"client {names} not allowed")
 

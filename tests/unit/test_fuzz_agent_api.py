@@ -10,8 +10,8 @@ import logging
 import math
 from typing import Any
 
-import grpc
 from google.protobuf.message import DecodeError
+from grpclib.const import Status
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -86,7 +86,7 @@ def _checked_or_invalid(request: agent_pb2.ApplyWorkloadRequest) -> Workload | N
     try:
         workload = convert.workload_from_request(request)
     except WorkloadRejected as exc:
-        assert status_for(exc)[0] == grpc.StatusCode.INVALID_ARGUMENT
+        assert status_for(exc)[0] == Status.INVALID_ARGUMENT
         return None
     assert workload.all_cores or workload.core_ids
     assert all(0 <= cpu <= MAX_CPU_ID for cpu in workload.core_ids | workload.reserved_core_ids)
@@ -127,7 +127,7 @@ def test_any_bytes_are_a_request_or_a_decode_error(data: bytes) -> None:
         except DecodeError:
             pass
         except convert.InvalidRequest as exc:
-            assert status_for(exc)[0] == grpc.StatusCode.INVALID_ARGUMENT
+            assert status_for(exc)[0] == Status.INVALID_ARGUMENT
 
 
 # -- the kubelet's PodResources answers ----------------------------------------------------------------------

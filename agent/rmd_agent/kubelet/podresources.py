@@ -25,11 +25,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-import grpc
-import grpc.aio
+from grpclib.client import Channel, UnaryUnaryMethod
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from rmd_agent.errors import KubeletUnavailable
-from rmd_api.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
+from rmd_agent.rpc import RawCodec
+from rmd_api.kubelet.podresources.v1 import api_pb2
 
 if TYPE_CHECKING:
     from rmd_agent.settings import AgentSettings
@@ -37,10 +39,10 @@ if TYPE_CHECKING:
 # The kubelet's own podresources client allows 16 MiB answers (defaultPodResourcesMaxSize); big nodes need it.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
-_STUB_CLASS: Any = api_pb2_grpc.PodResourcesListerStub  # generated without annotations
+_SERVICE = "/v1.PodResourcesLister"
 
 # Codes meaning "nobody answered in time", as opposed to "the kubelet answered with an error".
-_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_UNREACHABLE = frozenset({Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED})
 
 # What a kubelet whose KubeletPodResourcesGet feature gate is off (1.27 to 1.35; off by default before 1.34)
 # answers Get: a plain Go error, which gRPC sends as status UNKNOWN with exactly this message
@@ -52,7 +54,7 @@ class PodResourcesCallFailed(KubeletUnavailable):
     """The kubelet answered a PodResources call with an error status (rate limit, method disabled, ...).
     `details` is the kubelet's own message."""
 
-    def __init__(self, message: str, code: grpc.StatusCode, details: str = "") -> None:
+    def __init__(self, message: str, code: Status, details: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.details = details
@@ -63,11 +65,11 @@ class GetUnavailable(PodResourcesCallFailed):
     1.27: UNIMPLEMENTED). Not a transient failure: List still answers."""
 
 
-def get_unavailable(code: grpc.StatusCode, details: str) -> bool:
+def get_unavailable(code: Status, details: str) -> bool:
     """Whether a failed Get means "this kubelet does not offer Get" (as opposed to any other failure)."""
-    if code == grpc.StatusCode.UNIMPLEMENTED:
+    if code == Status.UNIMPLEMENTED:
         return True
-    return code == grpc.StatusCode.UNKNOWN and details.strip() == GET_DISABLED_MESSAGE
+    return code == Status.UNKNOWN and details.strip() == GET_DISABLED_MESSAGE
 
 
 @dataclass(frozen=True)
@@ -124,28 +126,23 @@ class PodResourcesClient:
     def __init__(self, socket_path: Path, timeout: float = 5.0) -> None:
         self.socket_path = Path(socket_path)
         self.timeout = timeout
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: Any = None  # the generated stub is untyped
-        self._raw: dict[str, Any] = {}  # method -> its call answering undecoded bytes
+        self._channel: Channel | None = None
+        self._methods: dict[str, UnaryUnaryMethod[Any, Any]] = {}
         self._last_list: tuple[bytes, list[PodResources]] | None = None
         self._pods_by_message: dict[bytes, PodResources] = {}
         self._last_allocatable: tuple[bytes, AllocatableResources] | None = None
 
     async def __aenter__(self) -> Self:
-        self._channel = grpc.aio.insecure_channel(
-            f"unix://{self.socket_path.absolute()}",
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
-        )
-        self._stub = _STUB_CLASS(self._channel)
-        self._raw = {
-            method: self._channel.unary_unary(
-                f"/v1.PodResourcesLister/{method}",
-                request_serializer=request.SerializeToString,
-                response_deserializer=None,  # bytes: compared before anything is parsed
-            )
-            for method, request in (
-                ("List", api_pb2.ListPodResourcesRequest),
-                ("GetAllocatableResources", api_pb2.AllocatableResourcesRequest),
+        # grpclib connects on the first call, and again after the kubelet restarted.
+        channel = Channel(path=str(self.socket_path.absolute()), codec=RawCodec())
+        self._channel = channel
+        self._methods = {
+            method: UnaryUnaryMethod(channel, f"{_SERVICE}/{method}", request, answer)
+            for method, request, answer in (
+                # bytes: compared before anything is parsed
+                ("List", api_pb2.ListPodResourcesRequest, bytes),
+                ("GetAllocatableResources", api_pb2.AllocatableResourcesRequest, bytes),
+                ("Get", api_pb2.GetPodResourcesRequest, api_pb2.GetPodResourcesResponse),
             )
         }
         return self
@@ -157,14 +154,13 @@ class PodResourcesClient:
 
     async def close(self) -> None:
         if self._channel is not None:
-            await self._channel.close(grace=None)
+            self._channel.close()
         self._channel = None
-        self._stub = None
-        self._raw = {}
+        self._methods = {}
 
     async def list(self) -> list[PodResources]:
         """Exclusive resources of every active pod on the node (objects reused while unchanged)."""
-        raw: bytes = await self._call("List", api_pb2.ListPodResourcesRequest(), raw=True)
+        raw: bytes = await self._call("List", api_pb2.ListPodResourcesRequest())
         if self._last_list is not None and self._last_list[0] == raw:
             return list(self._last_list[1])
         known, fresh = self._pods_by_message, {}
@@ -180,9 +176,7 @@ class PodResourcesClient:
 
     async def get_allocatable(self) -> AllocatableResources:
         """What the kubelet may hand out: CPUs minus the reserved set, healthy devices, allocatable memory."""
-        raw: bytes = await self._call(
-            "GetAllocatableResources", api_pb2.AllocatableResourcesRequest(), raw=True
-        )
+        raw: bytes = await self._call("GetAllocatableResources", api_pb2.AllocatableResourcesRequest())
         if self._last_allocatable is not None and self._last_allocatable[0] == raw:
             return self._last_allocatable[1]
         response = api_pb2.AllocatableResourcesResponse.FromString(raw)
@@ -205,8 +199,8 @@ class PodResourcesClient:
         try:
             response = await self._call("Get", request)
         except PodResourcesCallFailed as exc:
-            if exc.code == grpc.StatusCode.NOT_FOUND or (
-                exc.code == grpc.StatusCode.UNKNOWN and _not_found_message(namespace, name) in exc.details
+            if exc.code == Status.NOT_FOUND or (
+                exc.code == Status.UNKNOWN and _not_found_message(namespace, name) in exc.details
             ):
                 return None
             if get_unavailable(exc.code, exc.details):
@@ -214,21 +208,23 @@ class PodResourcesClient:
             raise
         return _pod(response.pod_resources)
 
-    async def _call(self, method: str, request: Any, *, raw: bool = False) -> Any:
-        if self._stub is None:
+    async def _call(self, method: str, request: Any) -> Any:
+        if not self._methods:
             raise RuntimeError("PodResourcesClient used outside `async with`")
+        where = f"kubelet PodResources {method} on {self.socket_path}"
         try:
-            call = self._raw[method] if raw else getattr(self._stub, method)
-            return await call(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code()
-            where = f"kubelet PodResources {method} on {self.socket_path}"
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return await self._methods[method](request, timeout=self.timeout)
+        except GRPCError as exc:
+            code, details = exc.status, exc.message or ""
+            if code == Status.DEADLINE_EXCEEDED:
                 raise KubeletUnavailable(f"{where}: no answer within {self.timeout:g}s") from exc
             if code in _UNREACHABLE:
-                raise KubeletUnavailable(f"{where}: unreachable ({exc.details()})") from exc
-            details = exc.details() or ""
+                raise KubeletUnavailable(f"{where}: unreachable ({details})") from exc
             raise PodResourcesCallFailed(f"{where}: {code.name}: {details}", code, details) from exc
+        except TimeoutError as exc:  # the deadline passed while connecting
+            raise KubeletUnavailable(f"{where}: no answer within {self.timeout:g}s") from exc
+        except (OSError, ProtocolError, StreamTerminatedError) as exc:  # no socket, refused, reset
+            raise KubeletUnavailable(f"{where}: unreachable ({exc or type(exc).__name__})") from exc
 
 
 def pod_resources_client(settings: AgentSettings) -> PodResourcesClient:

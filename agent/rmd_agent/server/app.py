@@ -18,13 +18,11 @@ import importlib
 import logging
 import signal
 import socket
+import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import grpc
-import grpc.aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # absent from grpc-stubs
+from grpclib.server import Server
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from rmd_agent.companions import Companions
@@ -33,10 +31,11 @@ from rmd_agent.errors import ConfigError
 from rmd_agent.heap import START_UP_SECONDS, release_freed_heap
 from rmd_agent.kube import create_api_client
 from rmd_agent.kubelet.podresources import PodResourcesClient, pod_resources_client
-from rmd_agent.server.grpc_service import AgentInterceptor, AgentService
+from rmd_agent.server.grpc_service import AgentService, CallGuard
+from rmd_agent.server.health import NOT_SERVING, SERVING, HealthService
 from rmd_agent.server.http_endpoints import HealthHttpServer
 from rmd_agent.server.metrics import GrpcMetrics
-from rmd_agent.server.tls import check_allowed_clients, server_credentials
+from rmd_agent.server.tls import check_allowed_clients, server_ssl_context
 from rmd_agent.settings import AgentSettings, split_host_port
 from rmd_api.agent.v1 import agent_pb2
 from rmd_api.agent_certs import MIN_EXPIRATION_SECONDS
@@ -47,17 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
-_SERVING: Any = health_pb2.HealthCheckResponse.SERVING
-_NOT_SERVING: Any = health_pb2.HealthCheckResponse.NOT_SERVING
-_add_health: Any = health_pb2_grpc.add_HealthServicer_to_server
 _HEALTH_REFRESH_SECONDS = 5.0
-
-_GRPC_OPTIONS = [
-    # grpc sets SO_REUSEPORT by default, so a second agent on the same port would start and share the
-    # traffic silently; without it the second one fails to bind.
-    ("grpc.so_reuseport", 0),
-]
-
 
 # The engine of `serve`, given the agent's one PodResources client (open while the engine runs).
 EngineFactory = Callable[[AgentSettings, PodResourcesClient], ManagedEngine]
@@ -70,10 +59,10 @@ def create_default_engine(settings: AgentSettings, pods: PodResourcesClient) -> 
     return engine
 
 
-def check_serve_settings(settings: AgentSettings) -> grpc.ServerCredentials | None:
+def check_serve_settings(settings: AgentSettings) -> ssl.SSLContext | None:
     """ConfigError for settings `serve` cannot run with, unreadable certificates included (checked before
     anything starts, so a misconfigured agent fails at once and never touches the node). Returns the gRPC
-    server credentials, None with insecure."""
+    server's TLS context, None with insecure."""
     split_host_port(settings.grpc_listen)
     split_host_port(settings.http_listen)
     if not settings.insecure:
@@ -91,23 +80,27 @@ def check_serve_settings(settings: AgentSettings) -> grpc.ServerCredentials | No
             )
     if settings.insecure or settings.tls_csr:  # with tls_csr the files come once the certificate is issued
         return None
-    return server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    return server_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
 
 
-def check_port_free(address: str, what: str) -> None:
-    """ConfigError if `address` cannot be bound now (another process holds it). Port 0 always can."""
+def bind_port(address: str, what: str) -> socket.socket:
+    """A socket bound to `address` (not yet listening: nobody connects before the server serves), or
+    ConfigError when it cannot be bound (another process holds it). No SO_REUSEPORT: a second agent on the
+    same port fails here instead of silently sharing the traffic."""
     host, port = split_host_port(address)
-    if port == 0:
-        return
+    bound = None
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc binds
-            probe.bind(sockaddr)
+        bound = socket.socket(family, kind, proto)
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait for TIME_WAIT
+        bound.bind(sockaddr)
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {address} for {what}: {exc.strerror}") from None
+        if bound is not None:
+            bound.close()
+        raise ConfigError(f"cannot listen on {address} for {what}: {exc.strerror or exc}") from None
+    return bound
 
 
 class AgentServer:
@@ -121,9 +114,12 @@ class AgentServer:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.grpc_port = 0
         self.http_port = 0
-        self.health = health_aio.HealthServicer()
+        self.health = HealthService()
         self._http = HealthHttpServer(self.registry, self.ready)
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: Server | None = None
+        self._guard = CallGuard(
+            None if settings.insecure else frozenset(settings.allowed_clients), GrpcMetrics(self.registry)
+        )
         self._engine_started = False
         self._stopping = False
         self._health_task: asyncio.Task[None] | None = None
@@ -162,18 +158,19 @@ class AgentServer:
         credentials = check_serve_settings(settings)
         if settings.tls_csr and not settings.insecure:
             await self._serving_certificate().ensure()
-            credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-        # grpc only releases a bound port once its server has started, so the gRPC port is bound after the
-        # engine starts, and checked here to fail before touching the node.
-        check_port_free(settings.grpc_listen, "gRPC")
+            credentials = server_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        # Bound before the engine starts, to fail before touching the node; served once it has started.
+        listener = bind_port(settings.grpc_listen, "gRPC")
         try:
             self.http_port = await self._http.start(settings.http_listen)
             await self.engine.start()
             self._engine_started = True
-            self._grpc, self.grpc_port = self._grpc_server(credentials)
-            await self._grpc.start()
+            self._grpc = self._grpc_server()
+            self.grpc_port = listener.getsockname()[1]
+            await self._grpc.start(sock=listener, ssl=credentials)
             await self._refresh_health()
         except BaseException:
+            listener.close()
             await self.stop()
             raise
         self._health_task = asyncio.create_task(self._watch_health(), name="grpc-health")
@@ -189,29 +186,14 @@ class AgentServer:
             self.http_port,
         )
 
-    def _grpc_server(self, credentials: grpc.ServerCredentials | None) -> tuple[grpc.aio.Server, int]:
-        settings = self.settings
-        if settings.insecure:
+    def _grpc_server(self) -> Server:
+        if self.settings.insecure:
             log.warning(
                 "--insecure: the gRPC API on %s is PLAINTEXT with no client authentication; anyone who "
                 "reaches it can change this node's cache, bandwidth and P-state settings",
-                settings.grpc_listen,
+                self.settings.grpc_listen,
             )
-        allowed = None if settings.insecure else frozenset(settings.allowed_clients)
-        interceptor = AgentInterceptor(allowed, GrpcMetrics(self.registry))
-        server = grpc.aio.server(interceptors=[interceptor], options=_GRPC_OPTIONS)
-        AgentService(self.engine).register(server)
-        _add_health(self.health, server)
-        try:
-            if credentials is None:
-                port = server.add_insecure_port(settings.grpc_listen)
-            else:
-                port = server.add_secure_port(settings.grpc_listen, credentials)
-        except RuntimeError as exc:  # grpc's "Failed to bind"
-            raise ConfigError(f"cannot listen on {settings.grpc_listen} for gRPC: {exc}") from None
-        if port == 0:
-            raise ConfigError(f"cannot listen on {settings.grpc_listen} for gRPC")
-        return server, port
+        return Server(self._guard.guard(AgentService(self.engine), self.health))
 
     async def _refresh_health(self) -> None:
         """Overall health follows the process; the Agent service's follows the engine's readiness. Set only
@@ -221,8 +203,8 @@ class AgentServer:
         if ok == self._agent_serving:
             return
         if self._agent_serving is None:
-            await self.health.set("", _SERVING)
-        await self.health.set(AGENT_SERVICE, _SERVING if ok else _NOT_SERVING)
+            await self.health.set("", SERVING)
+        await self.health.set(AGENT_SERVICE, SERVING if ok else NOT_SERVING)
         self._agent_serving = ok
 
     async def _watch_health(self) -> None:
@@ -250,7 +232,9 @@ class AgentServer:
             self._health_task = None
         await self.health.enter_graceful_shutdown()
         if self._grpc is not None:
-            await self._grpc.stop(self.settings.shutdown_grace_seconds)
+            await self._guard.drain(self.settings.shutdown_grace_seconds)
+            self._grpc.close()  # cancels what still runs (health Watch streams)
+            await self._grpc.wait_closed()
             self._grpc = None
         if self._engine_started:
             self._engine_started = False

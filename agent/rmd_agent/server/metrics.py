@@ -1,12 +1,12 @@
 """Prometheus metrics of the agent's gRPC server, on the one registry the process exports at /metrics.
 
 Labels stay bounded: service and method come only from registered handlers (an unknown method is never
-observed), and the code is one of grpc's status codes.
+observed), and the code is one of gRPC's status codes.
 """
 
 from __future__ import annotations
 
-import grpc
+from grpclib.const import Status
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 # Round trips are sub-millisecond when the engine has nothing to write, tens of ms when resctrl is written.
@@ -35,7 +35,7 @@ class GrpcMetrics:
             registry=registry,
         )
 
-    def observe(self, full_method: str, code: grpc.StatusCode, seconds: float) -> None:
+    def observe(self, full_method: str, code: Status, seconds: float) -> None:
         labels = (*split_method(full_method), code.name)
         self.handled.labels(*labels).inc()
         self.seconds.labels(*labels).observe(seconds)

@@ -1,20 +1,18 @@
-"""mTLS for the agent's gRPC server: credentials from PEM files, and who the client is.
+"""mTLS for the agent's gRPC server: the TLS context from PEM files, and who the client is.
 
-The handshake (grpc core) already refuses a client without a certificate or with one its CA bundle does not
-verify. What is left to the agent is which verified clients may call: a client's identities are the DNS
-names in its certificate's subject alternative names, and nothing else (docs/security.md). Not grpc's peer
-identities: those are every SAN, or the CN when there is none, so a URI SAN or a bare CN `rmd-operator`
-would pass for the operator.
+The handshake already refuses a client without a certificate or with one its CA bundle does not verify.
+What is left to the agent is which verified clients may call: a client's identities are the DNS names in its
+certificate's subject alternative names, and nothing else (docs/security.md): not every SAN, nor the CN when
+there is none, so a URI SAN or a bare CN `rmd-operator` does not pass for the operator.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-
-import grpc
 
 from rmd_agent.errors import ConfigError
 from rmd_agent.settings import ANY_CLIENT
@@ -32,11 +30,19 @@ def _read_pem(path: Path, what: str) -> bytes:
     return data
 
 
-def _configuration(cert: Path, key: Path, client_ca: Path) -> Any:
-    cert_pem = _read_pem(cert, "TLS certificate")
-    key_pem = _read_pem(key, "TLS key")
-    ca_pem = _read_pem(client_ca, "client CA bundle")
-    return grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)], root_certificates=ca_pem)
+def _context(cert: Path, key: Path, client_ca: Path) -> ssl.SSLContext:
+    for path, what in ((cert, "TLS certificate"), (key, "TLS key"), (client_ca, "client CA bundle")):
+        _read_pem(path, what)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2  # as gRPC requires
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.set_alpn_protocols(["h2"])  # gRPC clients insist on it
+    try:
+        context.load_cert_chain(cert, key)
+        context.load_verify_locations(client_ca)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"TLS files {cert}, {key}, {client_ca}: {exc}") from None
+    return context
 
 
 def _stamps(paths: Iterable[Path]) -> tuple[tuple[int, int, int], ...]:
@@ -51,29 +57,32 @@ def _stamps(paths: Iterable[Path]) -> tuple[tuple[int, int, int], ...]:
     return tuple(stamps)
 
 
-def server_credentials(cert: Path, key: Path, client_ca: Path) -> grpc.ServerCredentials:
-    """Server credentials that require and verify a client certificate, and read the three files again when
-    they change (a renewed certificate, a rotated CA bundle: no restart needed). ConfigError for unreadable
-    files at the start; a later unreadable or half-written set is logged and the previous one kept."""
+def server_ssl_context(cert: Path, key: Path, client_ca: Path) -> ssl.SSLContext:
+    """A server TLS context that requires and verifies a client certificate, and reads the three files
+    again when they change (a renewed certificate, a rotated CA bundle: no restart needed). ConfigError for
+    unreadable files at the start; a later unreadable or half-written set is logged and the previous one kept.
+    """
     paths = (cert, key, client_ca)
     loaded = _stamps(paths)
-    initial = _configuration(cert, key, client_ca)
+    current = first = _context(cert, key, client_ca)
 
-    def fetch() -> Any:  # grpc calls this on each new handshake: a stat of three files
-        nonlocal loaded
+    # Called at every handshake, SNI or not: a stat of three files, and the handshake moved to a context
+    # built from the new files when they changed.
+    def on_hello(connection: Any, _server_name: str | None, _context_in_use: ssl.SSLContext) -> None:
+        nonlocal loaded, current
         stamps = _stamps(paths)
-        if stamps == loaded:
-            return None
-        try:
-            configuration = _configuration(cert, key, client_ca)
-        except ConfigError as exc:
-            log.warning("TLS files changed but cannot be read; keeping the previous ones: %s", exc)
-            return None
-        loaded = stamps
-        log.info("TLS files changed: serving with the new certificate")
-        return configuration
+        if stamps != loaded:
+            try:
+                current = _context(cert, key, client_ca)
+                log.info("TLS files changed: serving with the new certificate")
+            except ConfigError as exc:
+                log.warning("TLS files changed but cannot be read; keeping the previous ones: %s", exc)
+            loaded = stamps
+        if current is not first:
+            connection.context = current
 
-    return grpc.dynamic_ssl_server_credentials(initial, fetch, require_client_authentication=True)
+    first.sni_callback = on_hello
+    return first
 
 
 NO_DNS_NAME = "no DNS name in the client certificate's subject alternative names"
@@ -98,11 +107,13 @@ def check_allowed_clients(allowed: Iterable[str]) -> None:
             )
 
 
-def client_dns_names(auth_context: Mapping[str, Iterable[bytes]]) -> tuple[str, ...]:
+def client_dns_names(peer_cert: Mapping[str, Any] | None) -> tuple[str, ...]:
     """The DNS names among the subject alternative names of a call's verified client certificate (none
-    without TLS). gRPC's TLS layer lists them apart from URI, e-mail and IP SANs and the subject CN
-    (`peer_dns`), so the certificate needs no parsing here, nor the `cryptography` package (9 MiB)."""
-    return tuple(name.decode() for name in auth_context.get("peer_dns", ()))
+    without TLS), from `ssl.SSLSocket.getpeercert()`, which lists them apart from URI, e-mail and IP SANs and
+    the subject CN, so the certificate needs no parsing here, nor the `cryptography` package (9 MiB)."""
+    if not peer_cert:
+        return ()
+    return tuple(value for kind, value in peer_cert.get("subjectAltName", ()) if kind == "DNS")
 
 
 def is_allowed(names: Iterable[str], allowed: frozenset[str]) -> bool:
