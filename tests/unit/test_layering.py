@@ -80,6 +80,12 @@ CASES = [
         "rmd_agent.layering_probe -> kubernetes",
     ),
     (
+        "agent-imports-grpcio",  # the agent's gRPC is grpclib (issue #14): grpcio's pool wakes an idle agent
+        {"agent/rmd_agent/layering_probe.py": "import grpc\n"},
+        "agent-without-grpcio",
+        "rmd_agent.layering_probe -> grpc",
+    ),
+    (
         "simulator-cycle",  # the cycle an import inside a function once hid: perf needs hosttree back
         {"sim/rmd_sim/perf.py": "\n\ndef _tree() -> None:\n    from rmd_sim import hosttree\n"},
         "acyclic",
