@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -249,6 +251,71 @@ async def test_register_refuses_a_wrong_version_or_resource_name(kubelet: SimKub
             assert info.value.code() == grpc.StatusCode.UNKNOWN
             assert message in str(info.value.details())
     assert kubelet.device_manager.resources() == []
+
+
+# --- the plugin's process ---
+
+# Run in a child process (this one runs grpcio for the simulated kubelet): a plugin registers with the
+# kubelet at argv[1], serves until a line comes on stdin, then prints its threads' names and the gRPC modules
+# it loaded as JSON and stops.
+PLUGIN_PROCESS = r"""
+import asyncio, json, sys
+from pathlib import Path
+
+from rmd_agent.deviceplugin import CacheWaysPlugin, WayPool
+
+
+async def pools():
+    return [WayPool(0, frozenset({0}), 3), WayPool(1, frozenset({1}), 3)]
+
+
+async def main():
+    plugin = CacheWaysPlugin(pools, Path(sys.argv[1]), watch_seconds=0.05)
+    task = asyncio.create_task(plugin.run())
+    stdin = asyncio.StreamReader()
+    await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin
+    )
+    await stdin.readline()
+    threads = sorted((task_dir / "comm").read_text().strip() for task_dir in Path("/proc/self/task").iterdir())
+    grpc = sorted(m for m in sys.modules if m.partition(".")[0] == "grpc" or m.endswith("_pb2_grpc"))
+    print(json.dumps({"threads": threads, "grpc": grpc}), flush=True)
+    plugin.stop()
+    await task
+
+
+asyncio.run(main())
+"""
+
+
+async def test_the_plugin_process_runs_no_grpc_core_threads(kubelet: SimKubelet) -> None:
+    """Issue #14: grpcio's core threads (event_engine, grpc_global_timer) wake ~1,700 times a minute in an
+    idle agent; on grpclib the plugin serves from the event loop, so its process has none of them."""
+    assert kubelet.device_manager is not None
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        PLUGIN_PROCESS,
+        str(kubelet.device_manager.plugin_dir),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        await eventually(lambda: len(ways_in_kubelet(kubelet)) == 6, "the child's 6 ways")
+        # Served every kind of call: Register, GetDevicePluginOptions, ListAndWatch, GetPreferredAllocation
+        # and Allocate (admission).
+        pod = await kubelet.admit_pod("ns", "p", "uid-p", [guaranteed("app", "1", ways=2)])
+        assert pod.envs["app"][ENV_WAYS] == "2"
+        child.stdin.write(b"report\n")
+        report = json.loads(await asyncio.wait_for(child.stdout.readline(), TIMEOUT))
+        assert await asyncio.wait_for(child.wait(), TIMEOUT) == 0
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert [t for t in report["threads"] if t.startswith(("event_engine", "grpc_global_tim"))] == []
+    await eventually(lambda: not kubelet.devices[RESOURCE_NAME], "the stopped child's devices unhealthy")
 
 
 # --- admission ---
