@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -232,6 +234,93 @@ async def test_a_plugin_that_goes_away_leaves_unhealthy_devices(kubelet: SimKube
     assert len(kubelet.unhealthy_devices()[RESOURCE_NAME]) == 6  # still in the capacity
     with pytest.raises(AdmissionError, match="Requested: 1, Available: 0"):
         await kubelet.admit_pod("ns", "p", "uid-p", [guaranteed("app", "1", ways=1)])
+
+
+async def test_stopping_the_plugin_ends_list_and_watch_with_unavailable_and_logs_no_error(
+    kubelet: SimKubelet, pool: Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpclib cancels the running handlers when the server closes; the plugin then ends its ListAndWatch
+    streams with a status, so a client hears that the plugin is gone, and nothing is logged as an error (a
+    client that goes away first is no error either)."""
+    caplog.set_level(logging.INFO)
+    plugin = new_plugin(kubelet, pool)
+    async with running(plugin):
+        await eventually(lambda: plugin.registrations == 1, "registration")
+        async with grpc.aio.insecure_channel(f"unix://{plugin.socket_path}") as channel:
+            stub = _PLUGIN_STUB(channel)
+            leaving = stub.ListAndWatch(api_pb2.Empty())
+            staying = stub.ListAndWatch(api_pb2.Empty())
+            for stream in (leaving, staying):
+                assert len((await asyncio.wait_for(stream.read(), 2)).devices) == 6
+            leaving.cancel()
+            await asyncio.sleep(0.1)  # the plugin sees the reset
+
+            plugin.stop()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await asyncio.wait_for(staying.read(), 2)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.value.details() == "device plugin stopped"
+    noisy = [
+        r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith(("grpclib", "rmd_"))
+    ]
+    assert noisy == []
+
+
+async def test_a_refused_registration_is_logged_once_with_the_kubelets_reason_and_retried(
+    kubelet: SimKubelet, pool: Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="rmd_agent.deviceplugin.plugin")
+    plugin = new_plugin(kubelet, pool, resource_name="kubernetes.io/ways")
+    async with running(plugin):
+        failures = lambda: [r for r in caplog.records if "failed, will retry" in r.getMessage()]  # noqa: E731
+        await eventually(lambda: len(failures()) >= 3, "a few attempts")
+        assert not plugin.registered and plugin.registrations == 0
+    first, *retries = failures()
+    assert first.levelno == logging.WARNING
+    assert first.getMessage() == (
+        f"registration with {plugin.kubelet_socket} failed, will retry: "
+        "invalid extended resource name 'kubernetes.io/ways'"
+    )
+    assert {r.levelno for r in retries} == {logging.DEBUG}  # once per kubelet socket
+
+
+@pytest.mark.parametrize(
+    ("kubelet_socket", "reason"),
+    [("silent", "Deadline exceeded"), ("stale", "[Errno 111] Connection refused")],
+)
+async def test_registration_with_a_kubelet_socket_that_does_not_answer_is_retried_every_watch_seconds(
+    short_tmp: Path, pool: Pool, caplog: pytest.LogCaptureFixture, kubelet_socket: str, reason: str
+) -> None:
+    """A kubelet that accepts the connection but never answers fails the call at the deadline; a socket
+    left behind by a dead kubelet refuses it at once. Either way the plugin logs why and tries again every
+    watch_seconds: not at once, as its own server's socket, made anew for each try, used to wake it (a busy
+    loop, which on grpclib, where the refusal comes without a pause, starved the event loop)."""
+    caplog.set_level(logging.DEBUG, logger="rmd_agent.deviceplugin.plugin")
+    plugin_dir = short_tmp / "device-plugins"
+    plugin_dir.mkdir()
+    kubelet_sock = plugin_dir / "kubelet.sock"
+    failures = lambda: [r for r in caplog.records if "failed, will retry" in r.getMessage()]  # noqa: E731
+    with socket.socket(socket.AF_UNIX) as kubelet:
+        kubelet.bind(str(kubelet_sock))
+        if kubelet_socket == "silent":
+            kubelet.listen()  # never accepted nor answered
+        else:
+            kubelet.close()  # the file stays, nobody listens
+        plugin = CacheWaysPlugin(pool, plugin_dir, watch_seconds=0.05, timeout=0.3)
+        async with running(plugin):
+            await eventually(lambda: len(failures()) >= 2, "two attempts")
+            before = len(failures())
+            await asyncio.sleep(0.5)
+            attempts = len(failures()) - before
+            kubelet_sock.unlink()  # so that even a busy loop lets the plugin stop
+            assert not plugin.registered
+    assert attempts <= 0.5 / 0.05 + 2
+    first, *retries = failures()
+    assert (first.levelno, first.getMessage()) == (
+        logging.WARNING,
+        f"registration with {kubelet_sock} failed, will retry: {reason}",
+    )
+    assert {r.levelno for r in retries} == {logging.DEBUG}
 
 
 async def test_register_refuses_a_wrong_version_or_resource_name(kubelet: SimKubelet) -> None:

@@ -210,6 +210,7 @@ class CacheWaysPlugin:
     async def _register_on_changes(self, trigger: RefreshTrigger) -> None:
         registered_with: tuple[int, int] | None = None  # identity of the kubelet.sock registered with
         failed_with: tuple[int, int] | None = None  # ... and of the one a registration last failed on
+        served_for: tuple[int, int] | None = None  # ... and of the one the server was last started for
         while True:
             kubelet = _identity(self.kubelet_socket)
             if kubelet is None:
@@ -220,7 +221,12 @@ class CacheWaysPlugin:
             elif kubelet != registered_with or not self.socket_path.exists():
                 self.registered = False
                 try:
-                    await self._restart_server()
+                    # A retry with the same kubelet keeps the server: a new socket is a directory event,
+                    # which would wake this loop at once and retry without pause (a busy loop; on grpclib,
+                    # whose refused connection fails without yielding, one that starves the event loop).
+                    if kubelet != served_for or not self.socket_path.exists():
+                        await self._restart_server()
+                        served_for = kubelet
                     await self._register()
                 except (GRPCError, StreamTerminatedError, TimeoutError, OSError) as exc:
                     detail = _failure(exc)
