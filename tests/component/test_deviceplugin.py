@@ -323,6 +323,21 @@ async def test_registration_with_a_kubelet_socket_that_does_not_answer_is_retrie
     assert {r.levelno for r in retries} == {logging.DEBUG}
 
 
+async def test_stop_returns_at_once_even_with_the_directory_changing(kubelet: SimKubelet, pool: Pool) -> None:
+    """On Python 3.11 a cancellation that meets the end of the awaited `wait_for` is lost: the loops must
+    still see the stop, not go on to their next wait (recheck_seconds, refresh_seconds)."""
+    assert kubelet.device_manager is not None
+    plugin_dir = kubelet.device_manager.plugin_dir
+    for attempt in range(5):
+        plugin = new_plugin(kubelet, pool)
+        task = asyncio.create_task(plugin.run())
+        await eventually(lambda: plugin.registered, "registration")  # noqa: B023
+        (plugin_dir / f"other-{attempt}.sock").touch()  # an event for the watch, as the stop comes
+        plugin.notify()
+        plugin.stop()
+        await asyncio.wait_for(task, 2)
+
+
 async def test_register_refuses_a_wrong_version_or_resource_name(kubelet: SimKubelet) -> None:
     assert kubelet.device_manager is not None
     socket = kubelet.device_manager.socket_path
@@ -366,7 +381,7 @@ async def main():
         lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin
     )
     await stdin.readline()
-    threads = sorted((task_dir / "comm").read_text().strip() for task_dir in Path("/proc/self/task").iterdir())
+    threads = sorted((task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir())
     grpc = sorted(m for m in sys.modules if m.partition(".")[0] == "grpc" or m.endswith("_pb2_grpc"))
     print(json.dumps({"threads": threads, "grpc": grpc}), flush=True)
     plugin.stop()
