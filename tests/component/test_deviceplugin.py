@@ -1,5 +1,7 @@
 """The agent's cache-ways device plugin against the simulated kubelet's device manager, over real unix
-sockets: registration, ListAndWatch with NUMA topology, re-advertising, kubelet restarts, admission."""
+sockets: registration, ListAndWatch with NUMA topology, re-advertising, kubelet restarts, admission. The
+plugin is grpclib, the simulated kubelet and the tests' own clients grpcio: the interop the real kubelet
+(grpc-go) needs."""
 
 from __future__ import annotations
 

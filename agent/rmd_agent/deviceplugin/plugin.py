@@ -1,5 +1,6 @@
 """The `intel.com/l3_cache_ways` device plugin: a DevicePlugin gRPC server on a unix socket in the kubelet's
-device-plugins directory, registered with the kubelet's Registration service on `kubelet.sock` there.
+device-plugins directory, registered with the kubelet's Registration service on `kubelet.sock` there. Both
+sides are grpclib (rmd_agent.rpc): no grpcio threads in the agent (issue #14).
 
 Lifecycle, as the kubelet expects of a plugin:
 
