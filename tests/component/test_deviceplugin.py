@@ -1,10 +1,16 @@
 """The agent's cache-ways device plugin against the simulated kubelet's device manager, over real unix
-sockets: registration, ListAndWatch with NUMA topology, re-advertising, kubelet restarts, admission."""
+sockets: registration, ListAndWatch with NUMA topology, re-advertising, kubelet restarts, admission. The
+plugin is grpclib, the simulated kubelet and the tests' own clients grpcio: the interop the real kubelet
+(grpc-go) needs."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
+import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -232,6 +238,108 @@ async def test_a_plugin_that_goes_away_leaves_unhealthy_devices(kubelet: SimKube
         await kubelet.admit_pod("ns", "p", "uid-p", [guaranteed("app", "1", ways=1)])
 
 
+async def test_stopping_the_plugin_ends_list_and_watch_with_unavailable_and_logs_no_error(
+    kubelet: SimKubelet, pool: Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpclib cancels the running handlers when the server closes; the plugin then ends its ListAndWatch
+    streams with a status, so a client hears that the plugin is gone, and nothing is logged as an error (a
+    client that goes away first is no error either)."""
+    caplog.set_level(logging.INFO)
+    plugin = new_plugin(kubelet, pool)
+    async with running(plugin):
+        await eventually(lambda: plugin.registrations == 1, "registration")
+        async with grpc.aio.insecure_channel(f"unix://{plugin.socket_path}") as channel:
+            stub = _PLUGIN_STUB(channel)
+            leaving = stub.ListAndWatch(api_pb2.Empty())
+            staying = stub.ListAndWatch(api_pb2.Empty())
+            for stream in (leaving, staying):
+                assert len((await asyncio.wait_for(stream.read(), 2)).devices) == 6
+            leaving.cancel()
+            await asyncio.sleep(0.1)  # the plugin sees the reset
+
+            plugin.stop()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await asyncio.wait_for(staying.read(), 2)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.value.details() == "device plugin stopped"
+    noisy = [
+        r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith(("grpclib", "rmd_"))
+    ]
+    assert noisy == []
+
+
+async def test_a_refused_registration_is_logged_once_with_the_kubelets_reason_and_retried(
+    kubelet: SimKubelet, pool: Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="rmd_agent.deviceplugin.plugin")
+    plugin = new_plugin(kubelet, pool, resource_name="kubernetes.io/ways")
+    async with running(plugin):
+        failures = lambda: [r for r in caplog.records if "failed, will retry" in r.getMessage()]  # noqa: E731
+        await eventually(lambda: len(failures()) >= 3, "a few attempts")
+        assert not plugin.registered and plugin.registrations == 0
+    first, *retries = failures()
+    assert first.levelno == logging.WARNING
+    assert first.getMessage() == (
+        f"registration with {plugin.kubelet_socket} failed, will retry: "
+        "invalid extended resource name 'kubernetes.io/ways'"
+    )
+    assert {r.levelno for r in retries} == {logging.DEBUG}  # once per kubelet socket
+
+
+@pytest.mark.parametrize(
+    ("kubelet_socket", "reason"),
+    [("silent", "Deadline exceeded"), ("stale", "[Errno 111] Connection refused")],
+)
+async def test_registration_with_a_kubelet_socket_that_does_not_answer_is_retried_every_watch_seconds(
+    short_tmp: Path, pool: Pool, caplog: pytest.LogCaptureFixture, kubelet_socket: str, reason: str
+) -> None:
+    """A kubelet that accepts the connection but never answers fails the call at the deadline; a socket
+    left behind by a dead kubelet refuses it at once. Either way the plugin logs why and tries again every
+    watch_seconds: not at once, as its own server's socket, made anew for each try, used to wake it (a busy
+    loop, which on grpclib, where the refusal comes without a pause, starved the event loop)."""
+    caplog.set_level(logging.DEBUG, logger="rmd_agent.deviceplugin.plugin")
+    plugin_dir = short_tmp / "device-plugins"
+    plugin_dir.mkdir()
+    kubelet_sock = plugin_dir / "kubelet.sock"
+    failures = lambda: [r for r in caplog.records if "failed, will retry" in r.getMessage()]  # noqa: E731
+    with socket.socket(socket.AF_UNIX) as kubelet:
+        kubelet.bind(str(kubelet_sock))
+        if kubelet_socket == "silent":
+            kubelet.listen()  # never accepted nor answered
+        else:
+            kubelet.close()  # the file stays, nobody listens
+        plugin = CacheWaysPlugin(pool, plugin_dir, watch_seconds=0.05, timeout=0.3)
+        async with running(plugin):
+            await eventually(lambda: len(failures()) >= 2, "two attempts")
+            before = len(failures())
+            await asyncio.sleep(0.5)
+            attempts = len(failures()) - before
+            kubelet_sock.unlink()  # so that even a busy loop lets the plugin stop
+            assert not plugin.registered
+    assert attempts <= 0.5 / 0.05 + 2
+    first, *retries = failures()
+    assert (first.levelno, first.getMessage()) == (
+        logging.WARNING,
+        f"registration with {kubelet_sock} failed, will retry: {reason}",
+    )
+    assert {r.levelno for r in retries} == {logging.DEBUG}
+
+
+async def test_stop_returns_at_once_even_with_the_directory_changing(kubelet: SimKubelet, pool: Pool) -> None:
+    """On Python 3.11 a cancellation that meets the end of the awaited `wait_for` is lost: the loops must
+    still see the stop, not go on to their next wait (recheck_seconds, refresh_seconds)."""
+    assert kubelet.device_manager is not None
+    plugin_dir = kubelet.device_manager.plugin_dir
+    for attempt in range(5):
+        plugin = new_plugin(kubelet, pool)
+        task = asyncio.create_task(plugin.run())
+        await eventually(lambda: plugin.registered, "registration")  # noqa: B023
+        (plugin_dir / f"other-{attempt}.sock").touch()  # an event for the watch, as the stop comes
+        plugin.notify()
+        plugin.stop()
+        await asyncio.wait_for(task, 2)
+
+
 async def test_register_refuses_a_wrong_version_or_resource_name(kubelet: SimKubelet) -> None:
     assert kubelet.device_manager is not None
     socket = kubelet.device_manager.socket_path
@@ -249,6 +357,71 @@ async def test_register_refuses_a_wrong_version_or_resource_name(kubelet: SimKub
             assert info.value.code() == grpc.StatusCode.UNKNOWN
             assert message in str(info.value.details())
     assert kubelet.device_manager.resources() == []
+
+
+# --- the plugin's process ---
+
+# Run in a child process (this one runs grpcio for the simulated kubelet): a plugin registers with the
+# kubelet at argv[1], serves until a line comes on stdin, then prints its threads' names and the gRPC modules
+# it loaded as JSON and stops.
+PLUGIN_PROCESS = r"""
+import asyncio, json, sys
+from pathlib import Path
+
+from rmd_agent.deviceplugin import CacheWaysPlugin, WayPool
+
+
+async def pools():
+    return [WayPool(0, frozenset({0}), 3), WayPool(1, frozenset({1}), 3)]
+
+
+async def main():
+    plugin = CacheWaysPlugin(pools, Path(sys.argv[1]), watch_seconds=0.05)
+    task = asyncio.create_task(plugin.run())
+    stdin = asyncio.StreamReader()
+    await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin
+    )
+    await stdin.readline()
+    threads = sorted((task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir())
+    grpc = sorted(m for m in sys.modules if m.partition(".")[0] == "grpc" or m.endswith("_pb2_grpc"))
+    print(json.dumps({"threads": threads, "grpc": grpc}), flush=True)
+    plugin.stop()
+    await task
+
+
+asyncio.run(main())
+"""
+
+
+async def test_the_plugin_process_runs_no_grpc_core_threads(kubelet: SimKubelet) -> None:
+    """Issue #14: grpcio's core threads (event_engine, grpc_global_timer) wake ~1,700 times a minute in an
+    idle agent; on grpclib the plugin serves from the event loop, so its process has none of them."""
+    assert kubelet.device_manager is not None
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        PLUGIN_PROCESS,
+        str(kubelet.device_manager.plugin_dir),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        await eventually(lambda: len(ways_in_kubelet(kubelet)) == 6, "the child's 6 ways")
+        # Served every kind of call: Register, GetDevicePluginOptions, ListAndWatch, GetPreferredAllocation
+        # and Allocate (admission).
+        pod = await kubelet.admit_pod("ns", "p", "uid-p", [guaranteed("app", "1", ways=2)])
+        assert pod.envs["app"][ENV_WAYS] == "2"
+        child.stdin.write(b"report\n")
+        report = json.loads(await asyncio.wait_for(child.stdout.readline(), TIMEOUT))
+        assert await asyncio.wait_for(child.wait(), TIMEOUT) == 0
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert [t for t in report["threads"] if t.startswith(("event_engine", "grpc_global_tim"))] == []
+    await eventually(lambda: not kubelet.devices[RESOURCE_NAME], "the stopped child's devices unhealthy")
 
 
 # --- admission ---

@@ -1,5 +1,6 @@
 """The `intel.com/l3_cache_ways` device plugin: a DevicePlugin gRPC server on a unix socket in the kubelet's
-device-plugins directory, registered with the kubelet's Registration service on `kubelet.sock` there.
+device-plugins directory, registered with the kubelet's Registration service on `kubelet.sock` there. Both
+sides are grpclib (rmd_agent.rpc): no grpcio threads in the agent (issue #14).
 
 Lifecycle, as the kubelet expects of a plugin:
 
@@ -26,10 +27,14 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import grpc
-import grpc.aio
+import grpclib.client
+import grpclib.server
+from grpclib.const import Handler, Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.server import Stream
+from h2.exceptions import H2Error
 
 from rmd_agent.deviceplugin.devices import (
     UnknownDevices,
@@ -41,7 +46,8 @@ from rmd_agent.deviceplugin.devices import (
 )
 from rmd_agent.errors import AgentError
 from rmd_agent.nrt.triggers import RefreshTrigger, watch_directories
-from rmd_api.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from rmd_agent.rpc import RawCodec, unary_stream, unary_unary
+from rmd_api.kubelet.deviceplugin.v1beta1 import api_pb2
 from rmd_api.names import CACHE_WAYS_RESOURCE
 
 log = logging.getLogger(__name__)
@@ -52,10 +58,11 @@ DEFAULT_SOCKET_NAME = "rmd-l3-cache-ways.sock"
 HEALTHY = "Healthy"
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 
+_Request = TypeVar("_Request")
+
 PoolProvider = Callable[[], Awaitable[Sequence[WayPool]]]
 
-_add_servicer: Any = api_pb2_grpc.add_DevicePluginServicer_to_server  # generated without annotations
-_REGISTRATION_STUB: Any = api_pb2_grpc.RegistrationStub
+REGISTER_METHOD = "/v1beta1.Registration/Register"
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -101,7 +108,8 @@ class CacheWaysPlugin:
         self._changed = asyncio.Condition()
         self._wake_refresh = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._server: grpc.aio.Server | None = None
+        self._server: grpclib.server.Server | None = None
+        self._servicer: _Servicer | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -141,6 +149,10 @@ class CacheWaysPlugin:
             for task in done:
                 task.result()  # a loop that failed: raise what it raised
         finally:
+            # Also seen by the loops at their next turn: on Python 3.11 a cancel that comes as the awaited
+            # wait_for ends is lost (a directory event or notify() at the moment of the stop), and the loop
+            # would go on to its next wait.
+            self._stopping.set()
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
@@ -173,7 +185,7 @@ class CacheWaysPlugin:
         await self._stopping.wait()
 
     async def _refresh_loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             wait = (
                 min(self.retry_seconds, self.refresh_seconds)
                 if self._provider_failed
@@ -203,7 +215,8 @@ class CacheWaysPlugin:
     async def _register_on_changes(self, trigger: RefreshTrigger) -> None:
         registered_with: tuple[int, int] | None = None  # identity of the kubelet.sock registered with
         failed_with: tuple[int, int] | None = None  # ... and of the one a registration last failed on
-        while True:
+        served_for: tuple[int, int] | None = None  # ... and of the one the server was last started for
+        while not self._stopping.is_set():
             kubelet = _identity(self.kubelet_socket)
             if kubelet is None:
                 if registered_with is not None:
@@ -213,10 +226,15 @@ class CacheWaysPlugin:
             elif kubelet != registered_with or not self.socket_path.exists():
                 self.registered = False
                 try:
-                    await self._restart_server()
+                    # A retry with the same kubelet keeps the server: a new socket is a directory event,
+                    # which would wake this loop at once and retry without pause (a busy loop; on grpclib,
+                    # whose refused connection fails without yielding, one that starves the event loop).
+                    if kubelet != served_for or not self.socket_path.exists():
+                        await self._restart_server()
+                        served_for = kubelet
                     await self._register()
-                except (grpc.aio.AioRpcError, OSError) as exc:
-                    detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                except (GRPCError, StreamTerminatedError, TimeoutError, OSError) as exc:
+                    detail = _failure(exc)
                     # Once per kubelet socket: a dead kubelet's socket would otherwise log every second.
                     level = logging.DEBUG if kubelet == failed_with else logging.WARNING
                     log.log(level, "registration with %s failed, will retry: %s", self.kubelet_socket, detail)
@@ -234,19 +252,22 @@ class CacheWaysPlugin:
         await self._stop_server()
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
-        server = grpc.aio.server()
-        _add_servicer(_Servicer(self), server)
-        if server.add_insecure_port(f"unix://{self.socket_path.absolute()}") == 0:
-            raise OSError(f"cannot listen on {self.socket_path}")
-        await server.start()
-        self._server = server
+        servicer = _Servicer(self)
+        server = grpclib.server.Server([servicer], codec=RawCodec())
+        await server.start(path=str(self.socket_path.absolute()))  # OSError when it cannot listen
+        self._server, self._servicer = server, servicer
         log.info("device plugin serving %s on %s", self.resource_name, self.socket_path)
 
     async def _stop_server(self) -> None:
         if self._server is not None:
-            await self._server.stop(0)  # ListAndWatch streams never end by themselves
-            self._server = None
-            self.socket_path.unlink(missing_ok=True)
+            server, self._server = self._server, None
+            if self._servicer is not None:
+                self._servicer.closing = True
+            try:
+                server.close()  # cancels the handlers: ListAndWatch streams never end by themselves
+                await server.wait_closed()
+            finally:
+                self.socket_path.unlink(missing_ok=True)
 
     async def _register(self) -> None:
         request = api_pb2.RegisterRequest(
@@ -255,8 +276,14 @@ class CacheWaysPlugin:
             resource_name=self.resource_name,
             options=self.options(),
         )
-        async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket.absolute()}") as channel:
-            await _REGISTRATION_STUB(channel).Register(request, timeout=self.timeout)
+        channel = grpclib.client.Channel(path=str(self.kubelet_socket.absolute()), codec=RawCodec())
+        try:
+            register = grpclib.client.UnaryUnaryMethod(
+                channel, REGISTER_METHOD, api_pb2.RegisterRequest, api_pb2.Empty
+            )
+            await register(request, timeout=self.timeout)
+        finally:
+            channel.close()
         log.info("registered %s with the kubelet (%s)", self.resource_name, self.kubelet_socket)
 
     def options(self) -> api_pb2.DevicePluginOptions:
@@ -275,6 +302,14 @@ class CacheWaysPlugin:
             yield devices
 
 
+def _failure(exc: Exception) -> str:
+    """What a failed call says: the kubelet's message for a gRPC error, else the exception's text (a missing
+    or refused socket is an OSError, a deadline `TimeoutError('Deadline exceeded')`)."""
+    if isinstance(exc, GRPCError):
+        return exc.message or exc.status.name
+    return str(exc) or type(exc).__name__
+
+
 def _device_message(device: WayDevice) -> api_pb2.Device:
     topology = None
     if device.numa_nodes:
@@ -282,51 +317,105 @@ def _device_message(device: WayDevice) -> api_pb2.Device:
     return api_pb2.Device(ID=device.id, health=HEALTHY, topology=topology)
 
 
+async def _request(stream: Stream[_Request, Any]) -> _Request:
+    request = await stream.recv_message()
+    if request is None:  # a unary call whose client sent no message
+        raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
+    return request
+
+
 class _Servicer:
-    """DevicePlugin over a CacheWaysPlugin (the generated base class is untyped, so it is not subclassed)."""
+    """DevicePlugin over a CacheWaysPlugin, as grpclib serves it: method paths to handlers (named after the
+    gRPC methods), each reading its request from and writing its answer to the call's stream."""
 
     def __init__(self, plugin: CacheWaysPlugin) -> None:
         self.plugin = plugin
+        self.closing = False  # set before the server is closed (which cancels the running handlers)
 
-    async def GetDevicePluginOptions(  # gRPC method names
-        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> api_pb2.DevicePluginOptions:
-        return self.plugin.options()
+    def __mapping__(self) -> dict[str, Handler]:
+        prefix = "/v1beta1.DevicePlugin/"
+        return {
+            prefix + "GetDevicePluginOptions": unary_unary(
+                self.GetDevicePluginOptions, api_pb2.Empty, api_pb2.DevicePluginOptions
+            ),
+            prefix + "ListAndWatch": unary_stream(
+                self.ListAndWatch, api_pb2.Empty, api_pb2.ListAndWatchResponse
+            ),
+            prefix + "GetPreferredAllocation": unary_unary(
+                self.GetPreferredAllocation,
+                api_pb2.PreferredAllocationRequest,
+                api_pb2.PreferredAllocationResponse,
+            ),
+            prefix + "Allocate": unary_unary(
+                self.Allocate, api_pb2.AllocateRequest, api_pb2.AllocateResponse
+            ),
+            prefix + "PreStartContainer": unary_unary(
+                self.PreStartContainer, api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse
+            ),
+        }
 
-    async def ListAndWatch(
-        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
-        async for devices in self.plugin.device_lists():
-            yield api_pb2.ListAndWatchResponse(devices=[_device_message(d) for d in devices])
+    async def GetDevicePluginOptions(
+        self, stream: Stream[api_pb2.Empty, api_pb2.DevicePluginOptions]
+    ) -> None:
+        await stream.recv_message()
+        await stream.send_message(self.plugin.options())
+
+    async def ListAndWatch(self, stream: Stream[api_pb2.Empty, api_pb2.ListAndWatchResponse]) -> None:
+        await stream.recv_message()
+        try:
+            async for devices in self.plugin.device_lists():
+                await stream.send_message(
+                    api_pb2.ListAndWatchResponse(devices=[_device_message(d) for d in devices])
+                )
+        except asyncio.CancelledError:
+            if self.closing:
+                await self._end_stream(stream)
+            raise  # grpclib ends the call quietly
+
+    async def _end_stream(self, stream: Stream[Any, Any]) -> None:
+        # grpclib's Server.close() cancels the handler but neither ends the stream nor closes the
+        # connection (grpcio's stop did), so the kubelet would go on waiting on a stream of a plugin that
+        # is gone and keep its devices healthy. A status tells it the stream ended; bounded in case the
+        # kubelet stopped reading.
+        with contextlib.suppress(TimeoutError, H2Error):
+            await asyncio.wait_for(
+                stream.send_trailing_metadata(
+                    status=Status.UNAVAILABLE, status_message="device plugin stopped"
+                ),
+                self.plugin.timeout,
+            )
 
     async def GetPreferredAllocation(
-        self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> api_pb2.PreferredAllocationResponse:
-        return api_pb2.PreferredAllocationResponse(
-            container_responses=[
-                api_pb2.ContainerPreferredAllocationResponse(
-                    deviceIDs=preferred_ways(
-                        list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size
+        self, stream: Stream[api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse]
+    ) -> None:
+        request = await _request(stream)
+        await stream.send_message(
+            api_pb2.PreferredAllocationResponse(
+                container_responses=[
+                    api_pb2.ContainerPreferredAllocationResponse(
+                        deviceIDs=preferred_ways(
+                            list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size
+                        )
                     )
-                )
-                for r in request.container_requests
-            ]
+                    for r in request.container_requests
+                ]
+            )
         )
 
-    async def Allocate(
-        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> api_pb2.AllocateResponse:
+    async def Allocate(self, stream: Stream[api_pb2.AllocateRequest, api_pb2.AllocateResponse]) -> None:
+        request = await _request(stream)
         known = [d.id for d in self.plugin.devices]
         responses = []
         for container in request.container_requests:
             try:
                 envs = allocation_envs(list(container.devices_ids), known)
             except UnknownDevices as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from exc
             responses.append(api_pb2.ContainerAllocateResponse(envs=envs))
-        return api_pb2.AllocateResponse(container_responses=responses)
+        await stream.send_message(api_pb2.AllocateResponse(container_responses=responses))
 
     async def PreStartContainer(
-        self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> api_pb2.PreStartContainerResponse:
-        return api_pb2.PreStartContainerResponse()
+        self, stream: Stream[api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse]
+    ) -> None:
+        await stream.recv_message()
+        await stream.send_message(api_pb2.PreStartContainerResponse())
