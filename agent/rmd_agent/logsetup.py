@@ -29,6 +29,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
+_CHATTY = ("hpack", "h2")
+
+
 def configure_logging(log_format: str, level: str, stream: TextIO | None = None) -> None:
     """Replace the root logger's handlers with one writing `log_format` ("text" or "json") to stderr."""
     handler = logging.StreamHandler(stream or sys.stderr)
@@ -41,3 +44,6 @@ def configure_logging(log_format: str, level: str, stream: TextIO | None = None)
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # The HTTP/2 stack under grpclib logs every frame and header at debug: a flood, and no help to a user.
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(max(root.level, logging.INFO))

@@ -27,7 +27,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpclib.client
 import grpclib.server
@@ -46,7 +46,7 @@ from rmd_agent.deviceplugin.devices import (
 )
 from rmd_agent.errors import AgentError
 from rmd_agent.nrt.triggers import RefreshTrigger, watch_directories
-from rmd_agent.rpc import RawCodec, unary_stream, unary_unary
+from rmd_agent.rpc import RawCodec, request_of, unary_stream, unary_unary
 from rmd_api.kubelet.deviceplugin.v1beta1 import api_pb2
 from rmd_api.names import CACHE_WAYS_RESOURCE
 
@@ -58,7 +58,6 @@ DEFAULT_SOCKET_NAME = "rmd-l3-cache-ways.sock"
 HEALTHY = "Healthy"
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 
-_Request = TypeVar("_Request")
 
 PoolProvider = Callable[[], Awaitable[Sequence[WayPool]]]
 
@@ -317,13 +316,6 @@ def _device_message(device: WayDevice) -> api_pb2.Device:
     return api_pb2.Device(ID=device.id, health=HEALTHY, topology=topology)
 
 
-async def _request(stream: Stream[_Request, Any]) -> _Request:
-    request = await stream.recv_message()
-    if request is None:  # a unary call whose client sent no message
-        raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
-    return request
-
-
 class _Servicer:
     """DevicePlugin over a CacheWaysPlugin, as grpclib serves it: method paths to handlers (named after the
     gRPC methods), each reading its request from and writing its answer to the call's stream."""
@@ -388,7 +380,7 @@ class _Servicer:
     async def GetPreferredAllocation(
         self, stream: Stream[api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse]
     ) -> None:
-        request = await _request(stream)
+        request = await request_of(stream)
         await stream.send_message(
             api_pb2.PreferredAllocationResponse(
                 container_responses=[
@@ -403,7 +395,7 @@ class _Servicer:
         )
 
     async def Allocate(self, stream: Stream[api_pb2.AllocateRequest, api_pb2.AllocateResponse]) -> None:
-        request = await _request(stream)
+        request = await request_of(stream)
         known = [d.id for d in self.plugin.devices]
         responses = []
         for container in request.container_requests:
