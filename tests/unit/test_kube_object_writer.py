@@ -435,6 +435,28 @@ async def test_nrt_replace_only_on_change_keeping_other_writers_metadata() -> No
     assert api.stored["metadata"]["annotations"][FINGERPRINT] == "pfp-2"
 
 
+def test_nrt_replace_leaves_the_object_it_read_as_it_was() -> None:
+    current = {
+        "apiVersion": "topology.node.k8s.io/v1alpha2",
+        "metadata": {"name": NODE, "resourceVersion": "7", "annotations": {"example.com/other": "x"}},
+        "zones": [{"name": "node-0", "resources": [{"name": "cpu", "available": "4"}]}],
+        "attributes": [],
+        "topologyPolicies": ["None"],
+    }
+    before = copy.deepcopy(current)
+    desired = publisher.desired_object(
+        NODE, NodeTopology.of([], {"fingerprint": "p"}), {FINGERPRINT: "p"}, None
+    )
+    body = publisher.merged_object(current, desired)
+    assert current == before
+    assert body["metadata"] == {
+        "name": NODE,
+        "resourceVersion": "7",
+        "annotations": {"example.com/other": "x", FINGERPRINT: "p"},
+    }
+    assert "topologyPolicies" not in body and body["zones"] == []
+
+
 async def test_nrt_keeps_its_owner_while_the_node_cannot_be_read() -> None:
     api = MemoryClient(ref=NRT_REF)
     w = writer(api, needs_node=False)

@@ -13,7 +13,6 @@ Only this node's objects are touched: GET of its Node, GET/POST/PUT of its NodeR
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -66,13 +65,12 @@ def managed_view(obj: Mapping[str, Any], annotation_keys: frozenset[str]) -> Obj
 
 def merged_object(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Obj:
     """`current` with our parts replaced: other writers' labels and annotations survive, the deprecated
-    topologyPolicies does not, and resourceVersion makes the replace conditional."""
-    body = copy.deepcopy(dict(current))
-    body.pop("topologyPolicies", None)
-    body.pop("status", None)
+    topologyPolicies does not, and resourceVersion makes the replace conditional. `current` is not changed:
+    what is replaced is new, the rest shared (no deep copy: it took most of a replace's CPU)."""
+    body = {k: v for k, v in current.items() if k not in ("topologyPolicies", "status")}
     body["zones"] = desired["zones"]
     body["attributes"] = desired["attributes"]
-    metadata = body.setdefault("metadata", {})
+    metadata = body["metadata"] = dict(current.get("metadata") or {})
     wanted = desired["metadata"]
     if "ownerReferences" in wanted:
         metadata["ownerReferences"] = wanted["ownerReferences"]
