@@ -234,6 +234,8 @@ class AgentServer:
         if self._grpc is not None:
             await self._guard.drain(self.settings.shutdown_grace_seconds)
             self._grpc.close()  # cancels what still runs (health Watch streams)
+            # grpclib leaves accepted connections open: on CPython 3.12.1+ asyncio's wait_closed waits for
+            # them too, so moving the images past 3.11 needs the connections closed here first.
             await self._grpc.wait_closed()
             self._grpc = None
         if self._engine_started:
