@@ -18,10 +18,14 @@ from typing import Any, Protocol
 
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.encoding.proto import ProtoCodec
-from grpclib.exceptions import GRPCError
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.server import Stream
 
-__all__ = ["RawCodec", "Service", "request_of", "unary_stream", "unary_unary"]
+__all__ = ["TRANSPORT_ERRORS", "RawCodec", "Service", "request_of", "unary_stream", "unary_unary"]
+
+# What a grpclib call raises when no gRPC answer came (besides TimeoutError at its deadline): no socket or a
+# refused connection (OSError), a connection lost mid-call, a peer breaking HTTP/2.
+TRANSPORT_ERRORS = (OSError, StreamTerminatedError, ProtocolError)
 
 StreamHandler = Callable[[Stream[Any, Any]], Awaitable[None]]
 

@@ -32,7 +32,7 @@ from typing import Any
 import grpclib.client
 import grpclib.server
 from grpclib.const import Handler, Status
-from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 from h2.exceptions import H2Error
 
@@ -46,7 +46,7 @@ from rmd_agent.deviceplugin.devices import (
 )
 from rmd_agent.errors import AgentError
 from rmd_agent.nrt.triggers import RefreshTrigger, watch_directories
-from rmd_agent.rpc import RawCodec, request_of, unary_stream, unary_unary
+from rmd_agent.rpc import TRANSPORT_ERRORS, RawCodec, request_of, unary_stream, unary_unary
 from rmd_api.kubelet.deviceplugin.v1beta1 import api_pb2
 from rmd_api.names import CACHE_WAYS_RESOURCE
 
@@ -232,7 +232,7 @@ class CacheWaysPlugin:
                         await self._restart_server()
                         served_for = kubelet
                     await self._register()
-                except (GRPCError, StreamTerminatedError, TimeoutError, OSError) as exc:
+                except (GRPCError, TimeoutError, *TRANSPORT_ERRORS) as exc:
                     detail = _failure(exc)
                     # Once per kubelet socket: a dead kubelet's socket would otherwise log every second.
                     level = logging.DEBUG if kubelet == failed_with else logging.WARNING

@@ -27,18 +27,17 @@ from typing import TYPE_CHECKING, Any, Self
 
 from grpclib.client import Channel, UnaryUnaryMethod
 from grpclib.const import Status
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from grpclib.exceptions import GRPCError
 
 from rmd_agent.errors import KubeletUnavailable
-from rmd_agent.rpc import RawCodec
+from rmd_agent.rpc import TRANSPORT_ERRORS, RawCodec
 from rmd_api.kubelet.podresources.v1 import api_pb2
 
 if TYPE_CHECKING:
     from rmd_agent.settings import AgentSettings
 
-# The kubelet's own podresources client allows 16 MiB answers (defaultPodResourcesMaxSize); big nodes need it.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
+# grpclib sets no limit on an answer's size, so the 16 MiB the kubelet's own client allows
+# (defaultPodResourcesMaxSize) needs no option here.
 _SERVICE = "/v1.PodResourcesLister"
 
 # Codes meaning "nobody answered in time", as opposed to "the kubelet answered with an error".
@@ -223,7 +222,7 @@ class PodResourcesClient:
             raise PodResourcesCallFailed(f"{where}: {code.name}: {details}", code, details) from exc
         except TimeoutError as exc:  # the deadline passed while connecting
             raise KubeletUnavailable(f"{where}: no answer within {self.timeout:g}s") from exc
-        except (OSError, ProtocolError, StreamTerminatedError) as exc:  # no socket, refused, reset
+        except TRANSPORT_ERRORS as exc:
             raise KubeletUnavailable(f"{where}: unreachable ({exc or type(exc).__name__})") from exc
 
 
