@@ -55,10 +55,9 @@ from operator_bench_common import (
     machine_busy_seconds,
     machine_line,
     peak_rss_mib,
-    print_json,
     progress,
     rss_mib,
-    run_main,
+    run_and_report,
 )
 
 from rmd_api.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -612,11 +611,7 @@ def main() -> int:
     unknown = set(args.parts.split(",")) - {p.key for p in PARTS} - {"all", "none"}
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
-    result = run_main(lambda: run(args))
-    if args.json:
-        print_json(result)
-    else:
-        report(result)
+    result = run_and_report(run, args, report)
     return (
         0
         if all(t["met"] for t in result["targets"]) and result["checks"] and all(result["checks"].values())

@@ -65,10 +65,9 @@ from operator_bench_common import (
     machine_line,
     peak_rss_mib,
     percentile,
-    print_json,
     progress,
     rss_mib,
-    run_main,
+    run_and_report,
 )
 
 from rmd_agent.nrt.fingerprint import fingerprint
@@ -796,11 +795,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args()
-    result = run_main(lambda: run(args))
-    if args.json:
-        print_json(result)
-    else:
-        report(result)
+    result = run_and_report(run, args, report)
     return 0 if all(t["met"] for t in result["targets"]) else 1
 
 

@@ -6,6 +6,7 @@ lines. Not a benchmark itself.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -284,6 +285,20 @@ def run_main(coro: Callable[[], Awaitable[_T]]) -> _T:
     except asyncio.CancelledError:
         print("interrupted; cleaned up", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def run_and_report(
+    run: Callable[[argparse.Namespace], Awaitable[dict[str, Any]]],
+    args: argparse.Namespace,
+    report: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """Run the benchmark (run_main) and print its result: JSON with --json, else its report."""
+    result = run_main(lambda: run(args))
+    if args.json:
+        print_json(result)
+    else:
+        report(result)
+    return result
 
 
 def ensure_namespace(api: Any, name: str, timeout: float = 60.0) -> None:

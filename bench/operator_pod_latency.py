@@ -42,9 +42,8 @@ from operator_bench_common import (
     machine,
     machine_line,
     percentile,
-    print_json,
     progress,
-    run_main,
+    run_and_report,
     target_line,
 )
 
@@ -321,11 +320,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) under /dev/shm")
     args = parser.parse_args()
-    result = run_main(lambda: run(args))
-    if args.json:
-        print_json(result)
-    else:
-        report(result)
+    run_and_report(run, args, report)
     return 0
 
 

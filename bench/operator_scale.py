@@ -57,10 +57,9 @@ from operator_bench_common import (
     machine,
     machine_line,
     percentile,
-    print_json,
     progress,
     rss_mib,
-    run_main,
+    run_and_report,
     target_line,
     wait_event,
     writes_line,
@@ -433,11 +432,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.workloads % args.nodes or FIRST_CPU + (args.workloads // args.nodes) * CPUS_EACH > 64:
         parser.error("workloads must be a multiple of nodes, at most 31 per node (64 CPUs, 2 each)")
-    result = run_main(lambda: run(args))
-    if args.json:
-        print_json(result)
-    else:
-        report(result)
+    run_and_report(run, args, report)
     return 0
 
 

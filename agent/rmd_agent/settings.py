@@ -120,7 +120,7 @@ class AgentSettings:
         default=1.0, metadata={"help": "least time between NodeResourceTopology refreshes (bounds writes)"}
     )
     nrt_requeue_seconds: float = field(
-        default=4.0,
+        default=3.0,
         metadata={
             "help": "after a refresh that changed the NodeResourceTopology, write it once more this much "
             "later (an annotation only), so a scheduler that rejected a pod from its stale cache retries it "

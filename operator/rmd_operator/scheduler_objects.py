@@ -5,7 +5,7 @@ SpecError for a spec it cannot honour; it reads and writes nothing. What it make
 
 * ConfigMap `<schedulerName>-config`: a KubeSchedulerConfiguration with one profile, `schedulerName`, that
   adds scheduler-plugins' NodeResourceTopologyMatch to the default plugins (filter, score, and reserve, which
-  its reserve cache needs), the cache resynced every 3 s with the resync method the agents' pod fingerprint
+  its reserve cache needs), the cache resynced every 2 s with the resync method the agents' pod fingerprint
   method needs, and leader election on a Lease named `schedulerName` in the namespace;
 * Deployment `<schedulerName>` running the image with that file, no host access, probes on the secure port;
 * ServiceAccount `<schedulerName>`, a Role and RoleBinding for its Lease only, and three ClusterRoleBindings:
@@ -34,10 +34,11 @@ CONFIG_DIR = "/etc/rmd-numa-scheduler"
 CONFIG_HASH_ANNOTATION = "rmd.intel.com/scheduler-config-hash"  # a new configuration restarts the pods
 DEFAULT_SCHEDULER_NAME = "rmd-numa-scheduler"
 SECURE_PORT = 10259  # kube-scheduler's default; /healthz there is allowed without credentials
-# numaresources-operator uses 5 (the value measured in numa-scheduler-interop.md); 3 so that the agents'
-# requeue echo (nrt_requeue_seconds, 4 s after a change) comes after the resync it must follow, and a pod
-# rejected from the over-reserved cache is retried within 5 s (docs/topology.md).
-CACHE_RESYNC_SECONDS = 3
+# numaresources-operator uses 5 (the value measured in numa-scheduler-interop.md); 2 so that the agents'
+# requeue echo (nrt_requeue_seconds, 3 s after a change) comes after the resync it must follow, and a pod
+# rejected from the over-reserved cache is retried within 5 s even when the change waited for the agents'
+# write-rate bound (bench/nrt_requeue.py, docs/topology.md).
+CACHE_RESYNC_SECONDS = 2
 # Of the pods other schedulers place, only those holding exclusive resources change a node's NRT, so only
 # they make the cache resync that node.
 FOREIGN_PODS_DETECT = "OnlyExclusiveResources"

@@ -28,7 +28,7 @@ from helm_cli import Helm
 from kube_clients import KubeClients
 from operator_process import Operator
 from rmd_api.names import RMD_CONFIG
-from rmd_operator.scheduler_objects import cluster_binding_names
+from rmd_operator.scheduler_objects import CACHE_RESYNC_SECONDS, cluster_binding_names
 from rmd_operator.validate.scheduler import NRT_PLUGIN
 from rmd_sim.control_plane import ControlPlane
 from rmdconfig_seed import NFD, SEED
@@ -356,7 +356,8 @@ def test_the_numa_aware_scheduler_is_deployed_matched_to_the_agents_and_removed_
         (args,) = [c["args"] for c in config["profiles"][0]["pluginConfig"] if c["name"] == NRT_PLUGIN]
         return args["cache"]["resyncMethod"], args["cacheResyncPeriodSeconds"]
 
-    assert resync() == ("OnlyExclusiveResources", 3)  # the chart's agents: with-exclusive-resources
+    # The chart's agents fingerprint with-exclusive-resources.
+    assert resync() == ("OnlyExclusiveResources", CACHE_RESYNC_SECONDS)
     assert env.condition("Degraded")[:2] == ("False", "AsExpected")  # type: ignore[index]
 
     # Agents told to fingerprint every pod: the scheduler's cache follows.

@@ -12,8 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
+from rmd_agent.settings import AgentSettings
 from rmd_operator.errors import SpecError
-from rmd_operator.scheduler_objects import cluster_binding_names, numa_cluster_role, scheduler_objects
+from rmd_operator.scheduler_objects import (
+    CACHE_RESYNC_SECONDS,
+    cluster_binding_names,
+    numa_cluster_role,
+    scheduler_objects,
+)
 from rmd_operator.validate import scheduler as validate_scheduler
 
 Obj = dict[str, Any]
@@ -68,11 +74,18 @@ def test_the_cache_resyncs_with_the_method_matching_the_agents_fingerprints(meth
         {
             "name": "NodeResourceTopologyMatch",
             "args": {
-                "cacheResyncPeriodSeconds": 3,
+                "cacheResyncPeriodSeconds": 2,
                 "cache": {"foreignPodsDetect": "OnlyExclusiveResources", "resyncMethod": resync},
             },
         }
     ]
+
+
+def test_the_agents_default_requeue_echo_follows_the_deployed_schedulers_resync() -> None:
+    """The echo must reach the scheduler after the resync that accepts the change, with room for the resync
+    itself (docs/topology.md); measured with the real scheduler in bench/nrt_requeue.py."""
+    echo = AgentSettings().nrt_requeue_seconds
+    assert CACHE_RESYNC_SECONDS + 0.5 <= echo <= CACHE_RESYNC_SECONDS + 1.5
 
 
 # NodeResourceTopologyMatchArgs as scheduler-plugins defines it (apis/config/v1/types.go, 903da7df): the
@@ -109,7 +122,7 @@ def test_rmdctl_validate_finds_the_scheduler_consistent_with_the_agents(method: 
     (profile,), problems = validate_scheduler.profiles_in(one(objects, "ConfigMap"))
     assert problems == []
     assert profile.numa_aware and profile.scheduler_name == "rmd-numa-scheduler"
-    assert profile.resync_seconds == 3
+    assert profile.resync_seconds == CACHE_RESYNC_SECONDS
     assert validate_scheduler.RESYNC_NEEDS[profile.resync_method] == method
     assert validate_scheduler.deployment_of(profile, [one(objects, "Deployment")]) is not None
 
