@@ -66,6 +66,16 @@ def test_l3_caches_are_deduplicated_by_id(make_tree: MakeTree) -> None:
     )
 
 
+def test_l3_caches_read_one_cpu_per_cache_not_every_cpu(make_tree: MakeTree) -> None:
+    """The CPUs a cache lists as sharing it are not read again: with cpu1's cache files gone, cpu0's
+    shared_cpu_list (0-1) still answers for both."""
+    files = {k: v for k, v in two_cpu_files().items() if "cpu1/cache" not in k}
+    files[f"{CPU}/cpu1/cache/index3/level"] = "not a number\n"  # would fail the read if it were made
+    caches = read_l3_caches(HostFS(make_tree(files)))
+    assert not isinstance(caches, Unsupported), caches
+    assert [(c.id, c.cpus) for c in caches] == [(0, {0, 1})]
+
+
 def test_no_l3_is_unsupported(make_tree: MakeTree) -> None:
     files = {k: v for k, v in two_cpu_files().items() if "index3" not in k}
     result = read_l3_caches(HostFS(make_tree(files)))

@@ -27,13 +27,17 @@ def _size_bytes(text: str) -> int:
 
 
 def read_l3_caches(fs: HostFS) -> list[L3Cache] | Unsupported:
-    """Distinct L3 caches sorted by id. Each is found through the first online CPU that reports it."""
+    """Distinct L3 caches sorted by id. Each is found through the first online CPU that reports it; the CPUs
+    it lists as sharing it are not read again (on 256 CPUs, 2 directories read instead of 256)."""
     online = read_online_cpus(fs)
     if isinstance(online, Unsupported):
         return online
     caches: dict[int, L3Cache] = {}
+    covered: set[int] = set()
     try:
         for cpu in sorted(online):
+            if cpu in covered:
+                continue
             base = f"{CPU_DIR}/cpu{cpu}/cache"
             if not fs.is_dir(base):
                 continue
@@ -49,6 +53,7 @@ def read_l3_caches(fs: HostFS) -> list[L3Cache] | Unsupported:
                         ways=fs.read_int(f"{path}/ways_of_associativity"),
                         size_bytes=_size_bytes(fs.read_text(f"{path}/size")),
                     )
+                covered |= caches[cache_id].cpus
     except (HostReadError, CpuListError, ValueError) as exc:
         return Unsupported(f"cannot read L3 cache information: {exc}")
     if not caches:

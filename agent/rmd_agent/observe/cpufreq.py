@@ -14,18 +14,18 @@ class CpuFreq:
     cpu: int
     cpuinfo_min_khz: int
     cpuinfo_max_khz: int
-    scaling_min_khz: int
-    scaling_max_khz: int
-    driver: str
-    governor: str
+    driver: str  # one cpufreq driver serves every CPU: read from the first
 
 
 def read_cpufreq(fs: HostFS) -> list[CpuFreq] | Unsupported:
-    """Frequency limits of every online CPU; Unsupported if any online CPU lacks cpufreq (common in VMs)."""
+    """Hardware frequency range of every online CPU; Unsupported if any online CPU lacks cpufreq (common in
+    VMs). Only what the probe reports is read: 2 files a CPU, the limits the P-state plugin sets are read
+    where it sets them (rmd_agent.pstate)."""
     online = read_online_cpus(fs)
     if isinstance(online, Unsupported):
         return online
     result = []
+    driver = ""
     for cpu in sorted(online):
         base = f"{CPU_DIR}/cpu{cpu}/cpufreq"
         if not fs.is_dir(base):
@@ -33,15 +33,13 @@ def read_cpufreq(fs: HostFS) -> list[CpuFreq] | Unsupported:
                 f"no cpufreq for CPU {cpu} (/{base} is absent: no frequency driver, typical in VMs)"
             )
         try:
+            driver = driver or fs.read_str(f"{base}/scaling_driver")
             result.append(
                 CpuFreq(
                     cpu=cpu,
                     cpuinfo_min_khz=fs.read_int(f"{base}/cpuinfo_min_freq"),
                     cpuinfo_max_khz=fs.read_int(f"{base}/cpuinfo_max_freq"),
-                    scaling_min_khz=fs.read_int(f"{base}/scaling_min_freq"),
-                    scaling_max_khz=fs.read_int(f"{base}/scaling_max_freq"),
-                    driver=fs.read_str(f"{base}/scaling_driver"),
-                    governor=fs.read_str(f"{base}/scaling_governor"),
+                    driver=driver,
                 )
             )
         except HostReadError as exc:
