@@ -58,9 +58,13 @@ import kubernetes
 import yaml
 from kubernetes.client.exceptions import ApiException
 from operator_bench_common import (
+    GO_ENV,
     WatchThread,
     api_requests,
+    attributes,
+    cache_root,
     cpu_seconds,
+    go_env,
     machine,
     machine_line,
     peak_rss_mib,
@@ -82,7 +86,6 @@ from rmd_sim.spec import NodeSpec
 RTE_MODULE = "github.com/k8stopologyawareschedwg/resource-topology-exporter"
 RTE_VERSION = "v0.24.0"
 RTE_PERIOD = "10s"  # numaresources-operator's default infoRefreshPeriod
-GO_ENV = {"GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
 CHANGE_TIMEOUT = 30.0  # a change not published within this counts as this long
 START_TIMEOUT = 60.0
 SETTLE = 5.0  # after the start, before idle is measured
@@ -92,15 +95,6 @@ Obj = dict[str, Any]
 
 
 # -- building RTE ------------------------------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rmd-k8s"
-    return Path(os.environ.get("RMD_BIN_CACHE") or default)
-
-
-def go_env() -> dict[str, str]:
-    return {**os.environ, **GO_ENV}
 
 
 def build_rte(version: str = RTE_VERSION, quiet: bool = False) -> Path:
@@ -214,10 +208,6 @@ def zone_cpu(obj: Obj) -> dict[str, int]:
         for r in z.get("resources") or ()
         if r["name"] == "cpu"
     }
-
-
-def attributes(obj: Obj) -> dict[str, str]:
-    return {a["name"]: a["value"] for a in obj.get("attributes") or ()}
 
 
 # -- the contenders ----------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ combination the reference numa-scheduler-interop.md measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
 import json
 import os
 import re
@@ -32,18 +34,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from nrt_vs_rte import cache_root
+from operator_bench_common import cache_root, go_env
 
 from rmd_operator.scheduler_objects import DEFAULT_SCHEDULER_NAME, scheduler_config
 from rmd_sim.control_plane import ManagedProcess, repo_root
 from rmd_sim.control_plane_components import http_get
 from rmd_sim.netutil import free_port
 
-GO_ENV = {"GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
 NUMAPLACEMENT = "github.com/k8stopologyawareschedwg/numaplacement"
 CONTROLLER_RUNTIME = "sigs.k8s.io/controller-runtime"
 # controller-runtime's release for each Kubernetes minor (its compatibility table)
@@ -54,7 +56,9 @@ Obj = dict[str, Any]
 
 
 def default_binary() -> Path:
-    return Path(os.environ.get("RMD_NUMA_SCHEDULER") or cache_root() / "numa-scheduler" / "kube-scheduler")
+    """$RMD_NUMA_SCHEDULER, else the cached one of the Kubernetes release (a new release: a new build)."""
+    cached = cache_root() / f"numa-scheduler-{kubernetes_version()}" / "kube-scheduler"
+    return Path(os.environ.get("RMD_NUMA_SCHEDULER") or cached)
 
 
 # -- building ----------------------------------------------------------------------------------------------
@@ -71,7 +75,7 @@ def kubernetes_version() -> str:
 
 def go(*args: str, cwd: Path) -> str:
     return subprocess.run(
-        ["go", *args], capture_output=True, text=True, check=True, cwd=cwd, env={**os.environ, **GO_ENV}
+        ["go", *args], capture_output=True, text=True, check=True, cwd=cwd, env=go_env()
     ).stdout
 
 
@@ -133,8 +137,36 @@ def configuration(kubeconfig: Path) -> Obj:
     return config
 
 
-def start(binary: Path, workdir: Path, kubeconfig: Path, ca_file: Path) -> ManagedProcess:
-    """The scheduler, started and healthy (its log: workdir/scheduler.log). Stop it with .stop()."""
+@dataclass
+class Scheduler:
+    """A scheduler process and the port of its /healthz."""
+
+    process: ManagedProcess
+    port: int
+
+    def wait_healthy(self, within: float = START_TIMEOUT) -> None:
+        """Until /healthz answers 200; RuntimeError with its log if it exits or does not answer in time."""
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # its self-signed serving certificate; only /healthz is read
+        deadline = time.monotonic() + within
+        while True:
+            self.process.raise_if_exited()
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                if http_get(self.port, "/healthz", context)[0] == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the scheduler was not healthy within {within:g} s:\n{self.process.log_tail()}"
+                )
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def spawn(binary: Path, workdir: Path, kubeconfig: Path, ca_file: Path) -> Scheduler:
+    """The scheduler, started (its log: workdir/scheduler.log); not yet healthy. The caller stops it."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "config.yaml"
     config.write_text(yaml.safe_dump(configuration(kubeconfig), sort_keys=False))
@@ -151,28 +183,12 @@ def start(binary: Path, workdir: Path, kubeconfig: Path, ca_file: Path) -> Manag
             "--bind-address=127.0.0.1",
             f"--secure-port={port}",
             f"--cert-dir={workdir / 'certs'}",
-            "-v=2",  # the over-reserve cache logs its flushes (resyncs that took) at 2
+            "-v=2",  # every failed attempt ("Unable to schedule pod") and the cache's flushes are logged at 2
         ],
         workdir / "scheduler.log",
     )
     proc.start()
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # its self-signed serving certificate; only /healthz is read
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        proc.raise_if_exited()
-        try:
-            if http_get(port, "/healthz", context)[0] == 200:
-                return proc
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            proc.stop()
-            raise RuntimeError(
-                f"the scheduler was not healthy within {START_TIMEOUT:g} s:\n{proc.log_tail()}"
-            )
-        time.sleep(0.1)
+    return Scheduler(proc, port)
 
 
 def main() -> int:
@@ -189,6 +205,9 @@ def main() -> int:
         binary = build(args.scheduler_plugins, args.numaplacement, args.out)
     except subprocess.CalledProcessError as exc:
         print(f"{' '.join(exc.cmd)} failed:\n{exc.stderr}", file=sys.stderr)
+        return 1
+    except (OSError, RuntimeError) as exc:  # no go command, no controller-runtime known for the release
+        print(f"cannot build the scheduler: {exc}", file=sys.stderr)
         return 1
     print(binary)
     return 0

@@ -1,7 +1,7 @@
-"""What the operator benchmarks share (operator_scale.py, operator_pod_latency.py, operator_rss.py): a
-simulated cluster (rmd_sim.cluster.SimCluster) in /dev/shm that is always taken down, a watch thread that
-timestamps API events, process memory and CPU time from /proc, the machine's description and the report
-lines. Not a benchmark itself.
+"""What the benchmarks share: a simulated cluster (rmd_sim.cluster.SimCluster) in /dev/shm that is always
+taken down, a watch thread that timestamps API events, process memory and CPU time from /proc, the machine's
+description, the report lines and how a benchmark runs and prints; where peers built from Go go (the binary
+cache) and how they are built. Not a benchmark itself.
 """
 
 from __future__ import annotations
@@ -37,6 +37,25 @@ GROUP, VERSION, WORKLOADS = RMD_WORKLOAD.group, RMD_WORKLOAD.version, RMD_WORKLO
 STOP_TIMEOUT = 120.0  # a clean stop of 20 nodes takes seconds; past this, processes are killed
 Obj = dict[str, Any]
 _T = TypeVar("_T")
+
+
+# Peers built from Go sources: the local toolchain, modules as each go.mod says, static binaries.
+GO_ENV = {"GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
+
+
+def go_env() -> dict[str, str]:
+    return {**os.environ, **GO_ENV}
+
+
+def cache_root() -> Path:
+    """The binary cache, outside the repository (as tools/build-binaries.sh)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rmd-k8s"
+    return Path(os.environ.get("RMD_BIN_CACHE") or default)
+
+
+def attributes(obj: Obj) -> dict[str, str]:
+    """A NodeResourceTopology's top-level attributes, by name."""
+    return {a["name"]: a["value"] for a in obj.get("attributes") or ()}
 
 
 # -- figures -----------------------------------------------------------------------------------------------

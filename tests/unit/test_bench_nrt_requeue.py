@@ -35,16 +35,19 @@ def nrt(available: int, *, echo_at: str | None = None) -> dict[str, Any]:
     }
 
 
-def test_only_a_write_that_changes_nothing_but_the_requeue_annotation_is_an_echo() -> None:
+def test_a_write_is_an_echo_when_only_the_requeue_annotation_changed() -> None:
     change = nrt(11)
     echo = copy.deepcopy(change)
     echo["metadata"]["annotations"][NRT_REQUEUE_ANNOTATION] = "2026-11-26T12:00:04Z"
-    assert nrt_requeue.is_echo(change, echo)
-    assert not nrt_requeue.is_echo(None, echo)  # the first object seen
-    assert not nrt_requeue.is_echo(nrt(31), change)  # zones and fingerprint changed
-    assert not nrt_requeue.is_echo(change, copy.deepcopy(change))  # nothing changed (a resync's replace)
+    assert nrt_requeue.write_kind(change, echo) == "echo"
+    assert nrt_requeue.write_kind(None, echo) == "change"  # the first object seen
+    assert nrt_requeue.write_kind(nrt(31), change) == "change"  # zones and fingerprint changed
+    assert nrt_requeue.write_kind(change, copy.deepcopy(change)) == "other"  # e.g. a repair of metadata
     moved = nrt(11, echo_at="2026-11-26T12:00:08Z")
-    assert not nrt_requeue.is_echo(nrt(31, echo_at="2026-11-26T12:00:04Z"), moved)  # content changed too
+    assert nrt_requeue.write_kind(nrt(31, echo_at="2026-11-26T12:00:04Z"), moved) == "change"
+    fingerprint_only = copy.deepcopy(change)
+    fingerprint_only["attributes"][0]["value"] = "pfp-other"
+    assert nrt_requeue.write_kind(change, fingerprint_only) == "change"
 
 
 def test_the_node_is_idle_only_when_every_zone_has_all_its_cpus_available() -> None:
@@ -61,27 +64,47 @@ def test_a_pod_counts_as_rejected_on_its_pod_scheduled_false_condition() -> None
     assert not nrt_requeue.rejected({})
 
 
-def rounds(*bound: float | None, rejected: bool = True) -> list[nrt_requeue.Round]:
+def rounds(*bound: float | None, rejected: bool = True, ran: bool = True) -> list[nrt_requeue.Round]:
     return [
-        nrt_requeue.Round(echo=True, rejected_s=0.01 if rejected else None, bound_s=b, running=b is not None)
+        nrt_requeue.Round(
+            echo=True, rejected_s=0.01 if rejected else None, bound_s=b, running=ran and b is not None
+        )
         for b in bound
     ]
 
 
 @pytest.mark.parametrize(
-    ("bound", "rejected", "met"),
+    ("bound", "rejected", "ran", "met"),
     [
-        ((4.3, 4.7, 4.9), True, True),
-        ((4.3, 5.2), True, False),  # one round over 5 s misses
-        ((4.3, None), True, False),  # never bound counts as the round's whole limit
-        ((0.4, 0.5), False, False),  # never rejected: the case the echo is for did not happen
+        ((4.3, 4.7, 4.9), True, True, True),
+        ((4.3, 5.2), True, True, False),  # one round over 5 s misses
+        ((4.3, None), True, True, False),  # never bound counts as the round's whole limit
+        ((0.4, 0.5), False, True, False),  # never rejected: the case the echo is for did not happen
+        ((3.3, 3.4), True, False, False),  # the kubelet refused B: the scheduler's view was wrong
     ],
 )
-def test_the_target_needs_every_round_rejected_first_and_bound_within_5_s(
-    bound: tuple[float | None, ...], rejected: bool, met: bool
+def test_the_target_needs_every_round_rejected_first_bound_within_5_s_and_admitted(
+    bound: tuple[float | None, ...], rejected: bool, ran: bool, met: bool
 ) -> None:
-    summary = nrt_requeue.summarise(rounds(*bound, rejected=rejected), None, 330.0)
+    summary = nrt_requeue.summarise(rounds(*bound, rejected=rejected, ran=ran), None, 330.0)
     assert [t["met"] for t in nrt_requeue.targets(summary)] == [met]
+
+
+def test_failed_attempts_are_counted_from_the_schedulers_log_for_that_pod_only(tmp_path: Path) -> None:
+    log = tmp_path / "scheduler.log"
+    line = 'I1126 12:35:44.592292 schedule_one.go:1239] "Unable to schedule pod; no fit; waiting" pod="{}"'
+    log.write_text(
+        "\n".join(
+            [
+                line.format("bench-requeue/b-2"),
+                line.format("bench-requeue/b-2"),
+                line.format("bench-requeue/b-20"),
+                line.format("other/b-2"),
+                'I1126 12:35:49.252755 schedule_one.go:481] "Successfully bound pod" pod="bench-requeue/b-2"',
+            ]
+        )
+    )
+    assert nrt_requeue.failed_attempts(log, "b-2") == 2
 
 
 def test_the_baseline_that_never_binds_counts_as_its_timeout() -> None:

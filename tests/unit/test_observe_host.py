@@ -171,6 +171,34 @@ def test_missing_rapl_reasons(make_tree: MakeTree, files: dict[str, str], reason
     assert reason in result.reason
 
 
+def cpufreq_files(cpu: int, low: str, high: str, driver: str) -> dict[str, str]:
+    base = f"{CPU}/cpu{cpu}/cpufreq"
+    return {
+        f"{base}/cpuinfo_min_freq": low,
+        f"{base}/cpuinfo_max_freq": high,
+        f"{base}/scaling_driver": driver,
+    }
+
+
+def test_cpufreq_reads_each_cpus_hardware_range_and_the_one_driver(make_tree: MakeTree) -> None:
+    files = two_cpu_files() | cpufreq_files(0, "800000\n", "3500000\n", "intel_pstate\n")
+    files |= cpufreq_files(1, "1000000\n", "3800000\n", "intel_pstate\n")
+    result = read_cpufreq(HostFS(make_tree(files)))
+    assert not isinstance(result, Unsupported), result
+    assert [(f.cpu, f.cpuinfo_min_khz, f.cpuinfo_max_khz, f.driver) for f in result] == [
+        (0, 800_000, 3_500_000, "intel_pstate"),
+        (1, 1_000_000, 3_800_000, "intel_pstate"),
+    ]
+
+
+def test_cpufreq_with_an_unreadable_range_is_unsupported_with_the_file(make_tree: MakeTree) -> None:
+    files = two_cpu_files() | cpufreq_files(0, "800000\n", "3500000\n", "intel_pstate\n")
+    files |= cpufreq_files(1, "1000000\n", "fast\n", "intel_pstate\n")
+    result = read_cpufreq(HostFS(make_tree(files)))
+    assert isinstance(result, Unsupported)
+    assert "cpu1/cpufreq/cpuinfo_max_freq" in result.reason
+
+
 def test_cpufreq_absent_for_one_cpu_is_unsupported(make_tree: MakeTree) -> None:
     files = two_cpu_files()
     base = f"{CPU}/cpu0/cpufreq"
