@@ -56,3 +56,6 @@ CACHE_WAYS_RESOURCE = "intel.com/l3_cache_ways"
 # Written on a NodeResourceTopology a moment after each change (agent setting nrt_requeue_seconds), so the
 # NUMA-aware scheduler retries the pods it rejected from its stale cache (docs/topology.md).
 NRT_REQUEUE_ANNOTATION = "rmd.intel.com/nrt-requeue"
+# On every NodeResourceTopology the agent writes: that delay in seconds ("0": no echo), so rmdctl validate can
+# check that it follows the NUMA-aware scheduler's cache resync.
+NRT_REQUEUE_SECONDS_ANNOTATION = "rmd.intel.com/nrt-requeue-seconds"

@@ -24,7 +24,7 @@ from rmd_agent.nrt import fingerprint
 from rmd_agent.nrt.exporter import NrtExporter, engine_l3_provider, sysfs_l3_provider
 from rmd_agent.nrt.zones import CacheWays, NodeTopology
 from rmd_agent.settings import AgentSettings
-from rmd_api.names import NRT_REQUEUE_ANNOTATION
+from rmd_api.names import NRT_REQUEUE_ANNOTATION, NRT_REQUEUE_SECONDS_ANNOTATION
 from rmd_sim.kubelet import write_atomically
 
 
@@ -285,6 +285,9 @@ async def test_a_burst_of_changes_is_echoed_once_after_the_last(host: Path) -> N
     changes = [t for t, _, annotations in publisher.calls if NRT_REQUEUE_ANNOTATION not in annotations]
     assert len(echoes) == 1 and len(changes) == 5  # the start and four changes
     assert echoes[0] - changes[-1] >= 0.3 - 0.01
+    # Every write, the echo included, says how long the echo waits (rmdctl validate compares it with the
+    # scheduler's cache resync).
+    assert {annotations[NRT_REQUEUE_SECONDS_ANNOTATION] for _, _, annotations in publisher.calls} == {"0.3"}
 
 
 class OnceRefusingPublisher(WritingPublisher):

@@ -17,7 +17,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from rmd_api.names import CACHE_WAYS_RESOURCE
+from rmd_api.names import CACHE_WAYS_RESOURCE, NRT_REQUEUE_SECONDS_ANNOTATION
 from rmd_api.node_state import topology_manager_detail
 from rmd_operator.validate.checks import validate
 from rmd_operator.validate.findings import EXIT_ERRORS, EXIT_OK, EXIT_WARNINGS, Finding, exit_status
@@ -106,6 +106,7 @@ def nrt(node: str, policy: str = "single-numa-node", scope: str = "container", u
                 {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid or f"uid-{node}"}
             ],
             "managedFields": [{"manager": "rmd-agent", "time": stamp(NOW - timedelta(minutes=5))}],
+            "annotations": {NRT_REQUEUE_SECONDS_ANNOTATION: "3"},  # the agents' default
         },
         "attributes": [
             {"name": "nodeTopologyPodsFingerprint", "value": "pfp0v001ef46db3751d8e999"},
@@ -703,7 +704,7 @@ def test_what_cannot_be_read_is_an_access_error() -> None:
 
 
 def scheduler_objects(
-    resync_method: str | None, plugins: Obj | None = None, name: str = "topology-aware", period: int = 5
+    resync_method: str | None, plugins: Obj | None = None, name: str = "topology-aware", period: int = 2
 ) -> tuple[Obj, Obj]:
     args: Obj = {"cacheResyncPeriodSeconds": period}
     if resync_method is not None:
@@ -749,6 +750,42 @@ def test_a_scheduler_whose_cache_resync_cannot_match_the_agents_fingerprints_is_
     configmap, sched = scheduler_objects("All", period=0)
     snap = healthy(configmaps=[configmap], deployments=[deployment("rmd-operator", "operator"), sched])
     assert one(validate(snap), None, "scheduler").severity.value == "ok"
+
+
+@pytest.mark.parametrize(
+    ("delays", "period", "early"),
+    [
+        ({"worker-1": "3", "worker-2": "3"}, 2, None),  # the defaults: echo 3 s after the deployed 2 s resync
+        ({"worker-1": "3", "worker-2": "3"}, 5, "worker-1, worker-2 write their requeue echo 3s"),
+        ({"worker-1": "6", "worker-2": "0"}, 5, "worker-2 write their requeue echo 0s"),  # 0: no echo
+        (
+            {"worker-1": "1", "worker-2": "abc"},
+            2,
+            "worker-1 write their requeue echo 1s",
+        ),  # unreadable: left out
+        ({"worker-1": None, "worker-2": None}, 5, None),  # objects that do not say: not judged
+        ({"worker-1": "0", "worker-2": "0"}, 0, None),  # no reserve cache: no stale view to retry from
+    ],
+)
+def test_an_echo_that_does_not_follow_the_schedulers_resync_is_a_warning(
+    delays: dict[str, str | None], period: int, early: str | None
+) -> None:
+    configmap, sched = scheduler_objects("OnlyExclusiveResources", period=period)
+    nrts = {}
+    for name, delay in delays.items():
+        obj = nrt(name)
+        obj["metadata"]["annotations"] = {} if delay is None else {NRT_REQUEUE_SECONDS_ANNOTATION: delay}
+        nrts[name] = obj
+    snap = healthy(
+        configmaps=[configmap], deployments=[deployment("rmd-operator", "operator"), sched], nrts=nrts
+    )
+    finding = one(validate(snap), None, "scheduler")
+    if early is None:
+        assert finding.severity.value == "ok", finding
+        return
+    assert finding.severity.value == "warning"
+    assert f"resyncs its cache every {period}s, but the agents of {early} after a change" in finding.message
+    assert f"set the agents' nrt_requeue_seconds above {period}, e.g. {period + 1}" in finding.fix
 
 
 def test_a_scheduler_without_its_deployment_or_down_is_an_error() -> None:

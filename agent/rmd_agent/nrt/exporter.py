@@ -63,7 +63,7 @@ from rmd_agent.observe.numa import NumaNode, read_numa_nodes
 from rmd_agent.power.cgroup_paths import QoS
 from rmd_agent.settings import AgentSettings
 from rmd_api.kube_time import now_micro_time
-from rmd_api.names import NRT_REQUEUE_ANNOTATION
+from rmd_api.names import NRT_REQUEUE_ANNOTATION, NRT_REQUEUE_SECONDS_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +175,13 @@ async def _overlapped(work: Awaitable[NodeTopology], reads: Awaitable[None]) -> 
     return result
 
 
-def _annotations(topology: NodeTopology) -> dict[str, str]:
-    """What every write sets besides the topology: the pods fingerprint where older schedulers look for it."""
-    return {fingerprint.ANNOTATION: topology.attribute(fingerprint.ATTRIBUTE) or ""}
+def _annotations(topology: NodeTopology, requeue_seconds: float) -> dict[str, str]:
+    """What every write sets besides the topology: the pods fingerprint where older schedulers look for it,
+    and the requeue echo's delay (for rmdctl validate)."""
+    return {
+        fingerprint.ANNOTATION: topology.attribute(fingerprint.ATTRIBUTE) or "",
+        NRT_REQUEUE_SECONDS_ANNOTATION: f"{requeue_seconds:g}",
+    }
 
 
 def topology_attributes(config: KubeletConfig, pfp: str, method: str) -> dict[str, str]:
@@ -329,7 +333,8 @@ class NrtExporter:
                 if topology is self.last_topology and not verify:
                     self.last_outcome = "unchanged"  # as published (a resync checks the object itself)
                 else:
-                    self.last_outcome = await publisher.publish(topology, _annotations(topology))
+                    annotations = _annotations(topology, settings.nrt_requeue_seconds)
+                    self.last_outcome = await publisher.publish(topology, annotations)
                     # An allocation changed (not a start or a repair): echo it, a burst re-arms the echo.
                     echo = change_pending and settings.nrt_requeue_seconds > 0
                     if echo and self.last_outcome != "unchanged":
@@ -355,7 +360,8 @@ class NrtExporter:
         topology = self.last_topology
         if topology is None:
             return
-        annotations = {**_annotations(topology), NRT_REQUEUE_ANNOTATION: now_micro_time()}
+        annotations = _annotations(topology, self.settings.nrt_requeue_seconds)
+        annotations[NRT_REQUEUE_ANNOTATION] = now_micro_time()
         try:
             await publisher.publish(topology, annotations, verify=False)
             self.echoes += 1

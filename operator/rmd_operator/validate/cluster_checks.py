@@ -7,7 +7,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-from rmd_api.names import NODE_RESOURCE_TOPOLOGY, RMD_NODE_STATE, RMD_WORKLOAD
+from rmd_api.names import (
+    NODE_RESOURCE_TOPOLOGY,
+    NRT_REQUEUE_SECONDS_ANNOTATION,
+    RMD_NODE_STATE,
+    RMD_WORKLOAD,
+)
 from rmd_operator.validate import scheduler
 from rmd_operator.validate.capability_checks import topology_manager
 from rmd_operator.validate.context import Context
@@ -202,6 +207,39 @@ def _fingerprint_methods(snap: Snapshot) -> dict[str, list[str]]:
     return methods
 
 
+def _requeue_delays(snap: Snapshot) -> dict[str, float]:
+    """Node -> its agent's requeue echo delay (nrt_requeue_seconds), as its NodeResourceTopology says; nodes
+    whose object does not say (agents before the annotation, other exporters) are left out."""
+    delays: dict[str, float] = {}
+    for name, nrt in snap.nrts.items():
+        value = ((nrt.get("metadata") or {}).get("annotations") or {}).get(NRT_REQUEUE_SECONDS_ANNOTATION)
+        try:
+            delays[name] = float(str(value))
+        except ValueError:  # absent ("None") or not a number
+            continue
+    return delays
+
+
+def _early_echo(where: str, profile: scheduler.SchedulerProfile, snap: Snapshot) -> Finding | None:
+    """The agents' requeue echo must come after the scheduler's cache resync, or a pod rejected from the stale
+    cache is retried against it again and then waits for the scheduler's own retry (docs/topology.md)."""
+    period = profile.resync_seconds
+    early = {n: d for n, d in sorted(_requeue_delays(snap).items()) if d <= period}
+    if period <= 0 or not early:
+        return None
+    delays = ", ".join(sorted({f"{d:g}s" for d in early.values()}))
+    return warning(
+        None,
+        "scheduler",
+        f"{where} resyncs its cache every {period}s, but the agents of {', '.join(early)} write their "
+        f"requeue echo {delays} after a change (nrt_requeue_seconds; 0s: none), not after that resync: a pod "
+        "this scheduler rejected from its stale cache then waits for the scheduler's own retry, up to 5 "
+        "minutes",
+        f"set the agents' nrt_requeue_seconds above {period}, e.g. {period + 1} (docs/topology.md, Choosing "
+        "the delay)",
+    )
+
+
 def check_scheduler(snap: Snapshot) -> list[Finding]:
     profiles, problems = scheduler.all_profiles(snap.configmaps)
     findings = [
@@ -286,6 +324,8 @@ def _profile_finding(
                 "follows each NRT's nodeTopologyPodsFingerprintMethod), or the agents' "
                 f"nrt_pods_fingerprint_method to {needs}",
             )
+    if (early := _early_echo(where, profile, snap)) is not None:
+        return early
     cache = (
         f"cache resync every {profile.resync_seconds}s, method {profile.resync_method}"
         if profile.resync_seconds > 0
