@@ -40,19 +40,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 import numa_scheduler
-from kubernetes.client.exceptions import ApiException
 from operator_bench_common import (
     WatchThread,
     attributes,
@@ -69,6 +67,7 @@ from rmd_api.names import NODE_RESOURCE_TOPOLOGY as NRT
 from rmd_api.names import NRT_REQUEUE_ANNOTATION
 from rmd_operator.scheduler_objects import DEFAULT_SCHEDULER_NAME
 from rmd_sim.cluster import SimCluster
+from rmd_sim.kube_calls import api_call
 from rmd_sim.spec import NodeSpec
 
 NODE = "numa-node"
@@ -233,9 +232,15 @@ class Round:
     rejection_message: str = ""
 
 
-def rejection_message(core: Any, name: str) -> str:
-    events = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={name}").items
-    failed = [e.message for e in events if e.reason == "FailedScheduling"]
+async def rejection_message(core: Any, name: str) -> str:
+    listed = await api_call(
+        core.list_namespaced_event, NAMESPACE, field_selector=f"involvedObject.name={name}"
+    )
+    failed = [
+        e.get("message", "")
+        for e in (listed or {}).get("items") or ()
+        if e.get("reason") == "FailedScheduling"
+    ]
     return failed[-1] if failed else ""
 
 
@@ -255,18 +260,10 @@ def idle_object(obj: Obj | None) -> bool:
     return bool(cpu) and all(r["available"] == r["allocatable"] for r in cpu)
 
 
-def create_pod(core: Any, body: Obj) -> str:
+async def create_pod(core: Any, body: Obj) -> str:
     """Create the pod; its uid."""
-    created = core.create_namespaced_pod(NAMESPACE, body, _preload_content=False)
-    return str(json.loads(created.data)["metadata"]["uid"])
-
-
-def delete_pod(core: Any, name: str) -> None:
-    try:
-        core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
-    except ApiException as exc:
-        if exc.status != 404:  # a pod the round did not get to create
-            raise
+    created = await api_call(core.create_namespaced_pod, NAMESPACE, body)
+    return str((created or {})["metadata"]["uid"])
 
 
 @dataclass(frozen=True)
@@ -295,11 +292,11 @@ async def one_round(
     try:
         try:
             await asyncio.to_thread(scheduler.wait_healthy)
-            a = await asyncio.to_thread(create_pod, core, pod(a_name, A_CPUS))
+            a = await create_pod(core, pod(a_name, A_CPUS))
             if not await watcher.wait("A bound", lambda: watcher.pod(a).bound is not None, ROUND_TIMEOUT):
                 raise RuntimeError(f"the scheduler did not place pod A:\n{scheduler.process.log_tail()}")
             created = time.monotonic()
-            b = await asyncio.to_thread(create_pod, core, pod(b_name, B_CPUS))
+            b = await create_pod(core, pod(b_name, B_CPUS))
             if await watcher.wait("B bound", lambda: watcher.pod(b).bound is not None, setup.limit):
                 result.running = await watcher.wait(
                     "B running", lambda: watcher.pod(b).running is not None, ROUND_TIMEOUT
@@ -308,13 +305,16 @@ async def one_round(
             result.bound_s = None if times.bound is None else times.bound - created
             result.rejected_s = None if times.rejected is None else times.rejected - created
             result.nrt_writes = [(t - created, kind) for t, kind in watcher.writes_since(created)]
-            result.rejection_message = await asyncio.to_thread(rejection_message, core, b_name)
+            result.rejection_message = await rejection_message(core, b_name)
         finally:
             scheduler.stop()  # first: whatever ended the round, the process must not outlive it
         result.attempts = failed_attempts(scheduler.process.log_path, b_name)
     finally:
         for name in (a_name, b_name):
-            await asyncio.to_thread(delete_pod, core, name)
+            # missing_ok: a pod the round did not get to create
+            await api_call(
+                core.delete_namespaced_pod, name, NAMESPACE, grace_period_seconds=0, missing_ok=True
+            )
     return result
 
 
@@ -390,7 +390,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _writes(writes: list[list[Any]] | list[tuple[float, str]]) -> str:
+def _writes(writes: Sequence[Sequence[Any]]) -> str:  # (time, kind); lists once read from JSON
     return ", ".join(f"{t:.2f} {kind}" for t, kind in writes) or "none"
 
 

@@ -213,9 +213,11 @@ def _requeue_delays(snap: Snapshot) -> dict[str, float]:
     delays: dict[str, float] = {}
     for name, nrt in snap.nrts.items():
         value = ((nrt.get("metadata") or {}).get("annotations") or {}).get(NRT_REQUEUE_SECONDS_ANNOTATION)
+        if not isinstance(value, str):
+            continue
         try:
-            delays[name] = float(str(value))
-        except ValueError:  # absent ("None") or not a number
+            delays[name] = float(value)
+        except ValueError:  # not a number: not judged either
             continue
     return delays
 
@@ -224,8 +226,10 @@ def _early_echo(where: str, profile: scheduler.SchedulerProfile, snap: Snapshot)
     """The agents' requeue echo must come after the scheduler's cache resync, or a pod rejected from the stale
     cache is retried against it again and then waits for the scheduler's own retry (docs/topology.md)."""
     period = profile.resync_seconds
+    if period <= 0:  # no reserve cache: no stale view to retry from
+        return None
     early = {n: d for n, d in sorted(_requeue_delays(snap).items()) if d <= period}
-    if period <= 0 or not early:
+    if not early:
         return None
     delays = ", ".join(sorted({f"{d:g}s" for d in early.values()}))
     return warning(
